@@ -1,0 +1,388 @@
+#!/usr/bin/env bash
+# Local PostgreSQL, Redis and Apache Kafka (KRaft) without Docker.
+#
+#   scripts/services.sh up|down|status
+#   scripts/services.sh kafka-stop N | kafka-kill N | kafka-start N   (one broker, for fault tests)
+#
+# For each service: if something already answers at the configured address it is used
+# as it is; otherwise the service is installed (Debian packages, or Kafka's jars from
+# Maven Central) and started on loopback with its data under .local/, which git ignores.
+# Running `up` twice changes nothing.
+#
+# Environment (the same variables the Django settings read):
+#   DATABASE_URL             postgres://outbox:outbox@127.0.0.1:5432/outbox
+#   CELERY_BROKER_URL        redis://127.0.0.1:6379/0
+#   KAFKA_BROKERS            1 (one node) or 3 (three nodes, replication factor 3,
+#                            min.insync.replicas=2, unclean leader election off)
+#   KAFKA_BOOTSTRAP_SERVERS  derived from KAFKA_BROKERS when unset
+set -euo pipefail
+
+PROJECT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+LOCAL_DIR="${LOCAL_DIR:-$PROJECT_DIR/.local}"
+PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
+KAFKA_DIR="$LOCAL_DIR/kafka"
+KAFKA_LIBS="$KAFKA_DIR/libs"
+KAFKA_BROKERS="${KAFKA_BROKERS:-1}"
+# Broker N (1-based) listens on 9091+N for clients and 29091+N for the controller quorum.
+KAFKA_CLIENT_PORT_BASE=9091
+KAFKA_CONTROLLER_PORT_BASE=29091
+KAFKA_HEAP="${KAFKA_HEAP:--Xms256m -Xmx768m}"
+WAIT_SECONDS="${SERVICES_WAIT_SECONDS:-90}"
+
+DATABASE_URL="${DATABASE_URL:-postgres://outbox:outbox@127.0.0.1:5432/outbox}"
+CELERY_BROKER_URL="${CELERY_BROKER_URL:-redis://127.0.0.1:6379/0}"
+
+log() { printf '%-10s %s\n' "$1" "$2"; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+# --- address parsing ---------------------------------------------------------------------
+
+parse_database_url() {
+  local re='^postgres(ql)?://([^:@/]+)(:([^@/]*))?@([^:/]+)(:([0-9]+))?/([^?]+)'
+  [[ "$DATABASE_URL" =~ $re ]] || die "DATABASE_URL must look like postgres://user:password@host:port/name, got '$DATABASE_URL'"
+  PG_USER="${BASH_REMATCH[2]}"
+  PG_PASSWORD="${BASH_REMATCH[4]}"
+  PG_HOST="${BASH_REMATCH[5]}"
+  PG_PORT="${BASH_REMATCH[7]:-5432}"
+  PG_DB="${BASH_REMATCH[8]}"
+}
+
+parse_redis_url() {
+  local re='^rediss?://([^@/]*@)?([^:/]+)(:([0-9]+))?'
+  [[ "$CELERY_BROKER_URL" =~ $re ]] || die "CELERY_BROKER_URL must look like redis://host:port/db, got '$CELERY_BROKER_URL'"
+  REDIS_HOST="${BASH_REMATCH[2]}"
+  REDIS_PORT="${BASH_REMATCH[4]:-6379}"
+}
+
+kafka_default_bootstrap() {
+  local servers="" n
+  for ((n = 1; n <= KAFKA_BROKERS; n++)); do
+    servers+="${servers:+,}127.0.0.1:$((KAFKA_CLIENT_PORT_BASE + n))"
+  done
+  echo "$servers"
+}
+
+is_loopback() { [[ "$1" == "127.0.0.1" || "$1" == "localhost" ]]; }
+
+port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+
+wait_for() {
+  local what="$1"; shift
+  local deadline=$((SECONDS + WAIT_SECONDS))
+  until "$@"; do
+    ((SECONDS < deadline)) || die "$what did not become healthy within ${WAIT_SECONDS}s (see logs under $LOCAL_DIR)"
+    sleep 0.5
+  done
+}
+
+apt_install() {
+  local packages=("$@")
+  local sudo=""
+  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  command -v apt-get >/dev/null || die "apt-get not found: install ${packages[*]} by hand"
+  log install "${packages[*]} (Debian packages)"
+  if ! $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${packages[@]}" >/dev/null 2>&1; then
+    $sudo apt-get update -qq >/dev/null
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${packages[@]}" >/dev/null
+  fi
+}
+
+# --- PostgreSQL --------------------------------------------------------------------------
+
+PG_DATA="$LOCAL_DIR/postgres/data"
+PG_LOG="$LOCAL_DIR/postgres/postgres.log"
+
+as_postgres() { runuser -u postgres -- "$@"; }
+
+pg_ready() { "$PG_BIN/pg_isready" -q -h "$PG_HOST" -p "$PG_PORT" 2>/dev/null || pg_isready -q -h "$PG_HOST" -p "$PG_PORT" 2>/dev/null; }
+
+postgres_up() {
+  parse_database_url
+  if pg_ready; then
+    log postgres "already answering at $PG_HOST:$PG_PORT; using it"
+    return
+  fi
+  is_loopback "$PG_HOST" || die "nothing answers at $PG_HOST:$PG_PORT and only a loopback PostgreSQL can be started here"
+  [[ -x "$PG_BIN/postgres" ]] || apt_install postgresql-15
+  id postgres >/dev/null 2>&1 || die "the 'postgres' system user is missing; reinstall postgresql-15"
+  mkdir -p "$LOCAL_DIR/postgres"
+  chown postgres: "$LOCAL_DIR/postgres"
+  # PostgreSQL refuses to run as root, so the server runs as its own system user; the
+  # project folder must be traversable by that user.
+  chmod o+x "$PROJECT_DIR" "$LOCAL_DIR" 2>/dev/null || true
+  if [[ ! -f "$PG_DATA/PG_VERSION" ]]; then
+    log postgres "initialising $PG_DATA"
+    as_postgres "$PG_BIN/initdb" -D "$PG_DATA" -U postgres -A trust -E UTF8 --locale=C.UTF-8 >/dev/null
+  fi
+  as_postgres "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t "$WAIT_SECONDS" \
+    -o "-h $PG_HOST -p $PG_PORT -k /tmp -c max_connections=200" start >/dev/null
+  wait_for postgres pg_ready
+  # The application role: CREATEDB so the test runner can create its test database.
+  as_postgres psql -h /tmp -p "$PG_PORT" -U postgres -v ON_ERROR_STOP=1 -q <<SQL
+DO \$\$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_USER') THEN
+    CREATE ROLE "$PG_USER" LOGIN CREATEDB PASSWORD '$PG_PASSWORD';
+  END IF;
+END \$\$;
+SELECT 'CREATE DATABASE "$PG_DB" OWNER "$PG_USER"'
+WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '$PG_DB')\gexec
+SQL
+  log postgres "started at $PG_HOST:$PG_PORT (data $PG_DATA)"
+}
+
+postgres_down() {
+  if [[ -f "$PG_DATA/postmaster.pid" ]]; then
+    as_postgres "$PG_BIN/pg_ctl" -D "$PG_DATA" -m fast -w stop >/dev/null && log postgres stopped
+  else
+    log postgres "not started by this project"
+  fi
+}
+
+postgres_status() {
+  parse_database_url
+  if pg_ready; then log postgres "healthy at $PG_HOST:$PG_PORT"; else log postgres "down at $PG_HOST:$PG_PORT"; return 1; fi
+}
+
+# --- Redis -------------------------------------------------------------------------------
+
+REDIS_PIDFILE="$LOCAL_DIR/redis/redis.pid"
+
+redis_ready() { [[ "$(redis-cli -h "$REDIS_HOST" -p "$REDIS_PORT" ping 2>/dev/null)" == "PONG" ]]; }
+
+redis_up() {
+  parse_redis_url
+  command -v redis-server >/dev/null || apt_install redis-server
+  if redis_ready; then
+    log redis "already answering at $REDIS_HOST:$REDIS_PORT; using it"
+    return
+  fi
+  is_loopback "$REDIS_HOST" || die "nothing answers at $REDIS_HOST:$REDIS_PORT and only a loopback Redis can be started here"
+  mkdir -p "$LOCAL_DIR/redis"
+  redis-server --bind "$REDIS_HOST" --port "$REDIS_PORT" --daemonize yes \
+    --dir "$LOCAL_DIR/redis" --pidfile "$REDIS_PIDFILE" --logfile "$LOCAL_DIR/redis/redis.log" \
+    --save "" --appendonly no >/dev/null
+  wait_for redis redis_ready
+  log redis "started at $REDIS_HOST:$REDIS_PORT"
+}
+
+redis_down() {
+  if [[ -f "$REDIS_PIDFILE" ]] && kill -0 "$(cat "$REDIS_PIDFILE")" 2>/dev/null; then
+    kill "$(cat "$REDIS_PIDFILE")"
+    while kill -0 "$(cat "$REDIS_PIDFILE" 2>/dev/null)" 2>/dev/null; do sleep 0.2; done
+    log redis stopped
+  else
+    log redis "not started by this project"
+  fi
+}
+
+redis_status() {
+  parse_redis_url
+  if redis_ready; then log redis "healthy at $REDIS_HOST:$REDIS_PORT"; else log redis "down at $REDIS_HOST:$REDIS_PORT"; return 1; fi
+}
+
+# --- Apache Kafka (KRaft) ----------------------------------------------------------------
+
+kafka_version() { sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$PROJECT_DIR/scripts/kafka/pom.xml"; }
+
+kafka_fetch() {
+  local version; version="$(kafka_version)"
+  if [[ -f "$KAFKA_LIBS/kafka_2.13-$version.jar" ]]; then return; fi
+  command -v java >/dev/null || die "java not found: Apache Kafka needs Java 17 (Debian: apt-get install openjdk-17-jre-headless)"
+  command -v mvn >/dev/null || die "mvn not found: Kafka's jars are fetched from Maven Central with Maven (Debian: apt-get install maven)"
+  log kafka "fetching Apache Kafka $version from Maven Central"
+  rm -rf "$KAFKA_LIBS.tmp"
+  mvn -q -B -f "$PROJECT_DIR/scripts/kafka/pom.xml" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$KAFKA_LIBS.tmp" >/dev/null \
+    || die "mvn could not fetch Apache Kafka $version (see 'mvn -f scripts/kafka/pom.xml dependency:copy-dependencies')"
+  rm -rf "$KAFKA_LIBS"
+  mv "$KAFKA_LIBS.tmp" "$KAFKA_LIBS"
+}
+
+kafka_java() {
+  command -v java >/dev/null || die "java not found: Apache Kafka needs Java 17 (Debian: apt-get install openjdk-17-jre-headless)"
+  java -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" -cp "$KAFKA_LIBS/*" "$@"
+}
+
+kafka_node_dir() { echo "$KAFKA_DIR/node-$1"; }
+
+kafka_write_config() {
+  local node="$1" brokers="$2" dir voters="" n
+  dir="$(kafka_node_dir "$node")"
+  for ((n = 1; n <= brokers; n++)); do
+    voters+="${voters:+,}$n@127.0.0.1:$((KAFKA_CONTROLLER_PORT_BASE + n))"
+  done
+  local replication=1 min_isr=1
+  if ((brokers >= 3)); then replication=3; min_isr=2; fi
+  mkdir -p "$dir"
+  cat >"$dir/server.properties" <<EOF
+# Written by scripts/services.sh; edits are overwritten.
+process.roles=broker,controller
+node.id=$node
+controller.quorum.voters=$voters
+listeners=PLAINTEXT://127.0.0.1:$((KAFKA_CLIENT_PORT_BASE + node)),CONTROLLER://127.0.0.1:$((KAFKA_CONTROLLER_PORT_BASE + node))
+advertised.listeners=PLAINTEXT://127.0.0.1:$((KAFKA_CLIENT_PORT_BASE + node))
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$dir/data
+num.partitions=6
+default.replication.factor=$replication
+min.insync.replicas=$min_isr
+offsets.topic.replication.factor=$replication
+transaction.state.log.replication.factor=$replication
+transaction.state.log.min.isr=$min_isr
+unclean.leader.election.enable=false
+auto.create.topics.enable=true
+delete.topic.enable=true
+group.initial.rebalance.delay.ms=0
+EOF
+}
+
+kafka_node_pid() { cat "$(kafka_node_dir "$1")/kafka.pid" 2>/dev/null || true; }
+
+kafka_node_running() { local pid; pid="$(kafka_node_pid "$1")"; [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; }
+
+kafka_node_started() {
+  kafka_node_running "$1" && port_open 127.0.0.1 $((KAFKA_CLIENT_PORT_BASE + $1)) \
+    && grep -q "Kafka Server started" "$(kafka_node_dir "$1")/kafka.log" 2>/dev/null
+}
+
+kafka_start_node() {
+  local node="$1" dir
+  dir="$(kafka_node_dir "$node")"
+  if kafka_node_running "$node"; then return; fi
+  : >"$dir/kafka.log"
+  # shellcheck disable=SC2086  # KAFKA_HEAP holds several JVM options
+  nohup java $KAFKA_HEAP -XX:+UseG1GC -Djava.awt.headless=true \
+    -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" \
+    -cp "$KAFKA_LIBS/*" kafka.Kafka "$dir/server.properties" >>"$dir/kafka.log" 2>&1 &
+  echo $! >"$dir/kafka.pid"
+}
+
+kafka_up() {
+  local bootstrap="${KAFKA_BOOTSTRAP_SERVERS:-$(kafka_default_bootstrap)}"
+  local first="${bootstrap%%,*}"
+  local running_mode=""
+  [[ -f "$KAFKA_DIR/brokers" ]] && running_mode="$(cat "$KAFKA_DIR/brokers")"
+  if port_open "${first%%:*}" "${first##*:}" && ! kafka_node_running 1; then
+    log kafka "already answering at $bootstrap; using it"
+    return
+  fi
+  if kafka_node_running 1 && [[ "$running_mode" != "$KAFKA_BROKERS" ]]; then
+    die "a ${running_mode}-node Kafka started by this project is running; run 'make services-down' before asking for $KAFKA_BROKERS"
+  fi
+  [[ "$KAFKA_BROKERS" == 1 || "$KAFKA_BROKERS" == 3 ]] || die "KAFKA_BROKERS must be 1 or 3, got '$KAFKA_BROKERS'"
+  command -v java >/dev/null || die "java not found: Apache Kafka needs Java 17 (Debian: apt-get install openjdk-17-jre-headless)"
+  kafka_fetch
+  mkdir -p "$KAFKA_DIR"
+  cat >"$KAFKA_DIR/log4j2.properties" <<'EOF'
+status = warn
+appender.stdout.type = Console
+appender.stdout.name = STDOUT
+appender.stdout.layout.type = PatternLayout
+appender.stdout.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.stdout.ref = STDOUT
+logger.kafka.name = kafka
+logger.kafka.level = INFO
+logger.apache.name = org.apache.kafka
+logger.apache.level = WARN
+logger.appinfo.name = org.apache.kafka.common.utils.AppInfoParser
+logger.appinfo.level = INFO
+EOF
+  # A cluster formatted for another size cannot be reused: its quorum differs.
+  if [[ "$running_mode" != "$KAFKA_BROKERS" ]]; then
+    rm -rf "$KAFKA_DIR"/node-*
+  fi
+  local cluster_id node
+  if [[ -f "$KAFKA_DIR/cluster-id" && "$running_mode" == "$KAFKA_BROKERS" ]]; then
+    cluster_id="$(cat "$KAFKA_DIR/cluster-id")"
+  else
+    cluster_id="$(kafka_java kafka.tools.StorageTool random-uuid | tail -n 1)"
+    echo "$cluster_id" >"$KAFKA_DIR/cluster-id"
+  fi
+  echo "$KAFKA_BROKERS" >"$KAFKA_DIR/brokers"
+  for ((node = 1; node <= KAFKA_BROKERS; node++)); do
+    kafka_write_config "$node" "$KAFKA_BROKERS"
+    if [[ ! -f "$(kafka_node_dir "$node")/data/meta.properties" ]]; then
+      kafka_java kafka.tools.StorageTool format -t "$cluster_id" \
+        -c "$(kafka_node_dir "$node")/server.properties" >/dev/null
+    fi
+  done
+  for ((node = 1; node <= KAFKA_BROKERS; node++)); do kafka_start_node "$node"; done
+  for ((node = 1; node <= KAFKA_BROKERS; node++)); do
+    wait_for "kafka node $node" kafka_node_started "$node"
+  done
+  log kafka "Apache Kafka $(kafka_version) (KRaft, $KAFKA_BROKERS node(s)) at $(kafka_default_bootstrap)"
+}
+
+kafka_stop_node() {
+  local node="$1" signal="${2:-TERM}" pid
+  pid="$(kafka_node_pid "$node")"
+  if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
+    kill "-$signal" "$pid"
+    local deadline=$((SECONDS + WAIT_SECONDS))
+    while kill -0 "$pid" 2>/dev/null; do
+      ((SECONDS < deadline)) || { kill -KILL "$pid"; break; }
+      sleep 0.2
+    done
+  fi
+  rm -f "$(kafka_node_dir "$node")/kafka.pid"
+}
+
+kafka_down() {
+  local node stopped=0
+  for dir in "$KAFKA_DIR"/node-*; do
+    [[ -d "$dir" ]] || continue
+    node="${dir##*-}"
+    if kafka_node_running "$node"; then kafka_stop_node "$node"; stopped=1; fi
+  done
+  if ((stopped)); then log kafka stopped; else log kafka "not started by this project"; fi
+}
+
+kafka_status() {
+  local bootstrap="${KAFKA_BOOTSTRAP_SERVERS:-$(kafka_default_bootstrap)}" server healthy=0
+  IFS=',' read -ra servers <<<"$bootstrap"
+  for server in "${servers[@]}"; do
+    if port_open "${server%%:*}" "${server##*:}"; then
+      log kafka "healthy at $server"; healthy=1
+    else
+      log kafka "down at $server"
+    fi
+  done
+  ((healthy))
+}
+
+# --- entry point -------------------------------------------------------------------------
+
+command="${1:-}"
+case "$command" in
+  up)
+    mkdir -p "$LOCAL_DIR"
+    postgres_up
+    redis_up
+    kafka_up
+    ;;
+  down)
+    kafka_down
+    redis_down
+    postgres_down
+    ;;
+  status)
+    status=0
+    postgres_status || status=1
+    redis_status || status=1
+    kafka_status || status=1
+    exit "$status"
+    ;;
+  kafka-start)
+    kafka_start_node "${2:?broker number}"
+    wait_for "kafka node $2" kafka_node_started "$2"
+    ;;
+  kafka-stop) kafka_stop_node "${2:?broker number}" TERM ;;
+  kafka-kill) kafka_stop_node "${2:?broker number}" KILL ;;
+  *)
+    echo "usage: $0 up|down|status|kafka-start N|kafka-stop N|kafka-kill N" >&2
+    exit 2
+    ;;
+esac

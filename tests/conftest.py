@@ -1,0 +1,123 @@
+"""Fixtures shared by the whole suite. The services are real: `make test` starts
+PostgreSQL, Redis and Apache Kafka before pytest runs."""
+
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+from confluent_kafka.admin import AdminClient, NewTopic
+from django.conf import settings
+
+from project.kafka import kafka_connection_config
+
+KAFKA_TIMEOUT_SECONDS = 30
+BROKER_LOG = Path(settings.BASE_DIR) / ".local" / "kafka" / "node-1" / "kafka.log"
+
+
+def _kafka_version_from_broker_log() -> str:
+    if BROKER_LOG.is_file():
+        match = re.search(r"Kafka version: (\S+)", BROKER_LOG.read_text(errors="replace"))
+        if match:
+            return match.group(1)
+    return "unknown (broker not started by scripts/services.sh)"
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = []
+    database = settings.DATABASES["default"]
+    try:
+        with psycopg.connect(
+            host=database["HOST"],
+            port=database["PORT"] or 5432,
+            user=database["USER"],
+            password=database["PASSWORD"],
+            dbname=database["NAME"],
+            connect_timeout=5,
+        ) as connection:
+            row = connection.execute("SHOW server_version").fetchone()
+        lines.append(f"postgresql: {row[0] if row else '?'} at {database['HOST']}")
+    except psycopg.Error as error:
+        lines.append(f"postgresql: unreachable ({error})")
+    try:
+        info = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=5).info("server")
+        lines.append(f"redis: {info['redis_version']} at {settings.CELERY_BROKER_URL}")
+    except redis.RedisError as error:
+        lines.append(f"redis: unreachable ({error})")
+    try:
+        # The client must outlive the future, or librdkafka destroys the request.
+        admin = AdminClient(kafka_connection_config())
+        cluster = admin.describe_cluster(request_timeout=10).result(timeout=10)
+        lines.append(
+            f"kafka: Apache Kafka {_kafka_version_from_broker_log()}, "
+            f"cluster {cluster.cluster_id}, {len(cluster.nodes)} broker(s) "
+            f"at {settings.KAFKA_BOOTSTRAP_SERVERS}"
+        )
+    except Exception as error:  # the header reports, the tests fail
+        lines.append(f"kafka: unreachable ({error})")
+    return lines
+
+
+@pytest.fixture(scope="session")
+def kafka_admin() -> AdminClient:
+    admin = AdminClient(kafka_connection_config())
+    try:
+        admin.list_topics(timeout=KAFKA_TIMEOUT_SECONDS)
+    except Exception as error:
+        pytest.fail(
+            f"Apache Kafka does not answer at {settings.KAFKA_BOOTSTRAP_SERVERS}: {error}. "
+            "Run 'make services-up' (make test does it for you)."
+        )
+    return admin
+
+
+TopicFactory = Callable[..., str]
+
+
+@pytest.fixture
+def kafka_topic(kafka_admin: AdminClient, request: pytest.FixtureRequest) -> Iterator[TopicFactory]:
+    """Creates uniquely named topics for one test and deletes them afterwards.
+
+    `kafka_topic()` returns the new topic's name; `kafka_topic(partitions=6)` sets its size.
+    """
+    created: list[str] = []
+    test_name = re.sub(r"[^a-zA-Z0-9]+", "-", request.node.name)[:60].strip("-")
+
+    def create(*, partitions: int = 1, config: dict[str, str] | None = None) -> str:
+        name = f"test.{test_name}.{uuid.uuid4().hex[:10]}"
+        futures = kafka_admin.create_topics(
+            [NewTopic(name, num_partitions=partitions, config=config or {})],
+            operation_timeout=KAFKA_TIMEOUT_SECONDS,
+        )
+        futures[name].result(timeout=KAFKA_TIMEOUT_SECONDS)
+        created.append(name)
+        return name
+
+    yield create
+    if created:
+        for future in kafka_admin.delete_topics(created).values():
+            future.result(timeout=KAFKA_TIMEOUT_SECONDS)
+
+
+@pytest.fixture
+def kafka_consumer_config(request: pytest.FixtureRequest) -> dict[str, object]:
+    """A consumer configuration with a group of its own, reading from the start."""
+    return {
+        **kafka_connection_config(),
+        "group.id": f"test-{uuid.uuid4().hex[:10]}",
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+    }
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A test marked `kafka` gets the broker check before it runs, so an absent broker is
+    # one clear failure, not a timeout deep inside a client.
+    for item in items:
+        if item.get_closest_marker("kafka") and "kafka_admin" not in getattr(
+            item, "fixturenames", []
+        ):
+            item.fixturenames.append("kafka_admin")  # type: ignore[attr-defined]
