@@ -19,7 +19,7 @@ if [[ -z "${ADMIN_PASSWORD:-}" ]]; then
   ADMIN_PASSWORD="$("$BIN/python" -c 'import secrets; print(secrets.token_urlsafe(12))')"
   password_note="generated for this run"
 fi
-ADMIN_USERNAME="$ADMIN_USERNAME" ADMIN_PASSWORD="$ADMIN_PASSWORD" "$BIN/python" manage.py shell -c '
+ADMIN_USERNAME="$ADMIN_USERNAME" ADMIN_PASSWORD="$ADMIN_PASSWORD" "$BIN/python" manage.py shell --verbosity 0 -c '
 import os
 from django.contrib.auth import get_user_model
 user, _ = get_user_model().objects.get_or_create(username=os.environ["ADMIN_USERNAME"])
