@@ -1,9 +1,13 @@
 """Settings shared by every environment. Integration settings live in their own modules."""
 
+from project.settings.analytics import *  # noqa: F403
 from project.settings.celery import *  # noqa: F403
 from project.settings.database import *  # noqa: F403
 from project.settings.environment import BASE_DIR, env
+from project.settings.inbox import *  # noqa: F403
 from project.settings.kafka import *  # noqa: F403
+from project.settings.outbox import *  # noqa: F403
+from project.settings.schedule import *  # noqa: F403
 from project.settings.spark import *  # noqa: F403
 
 # Only for development: production.py requires a real SECRET_KEY from the environment.

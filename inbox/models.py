@@ -1,0 +1,90 @@
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class InboxMessage(models.Model):
+    """One event as a consumer group received it: the dedup record and the retry queue.
+
+    Unique per (consumer_group, event_id), so a redelivery is counted, never applied again.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "PENDING", "Pending"
+        DONE = "DONE", "Done"
+        FAILED = "FAILED", "Failed"
+
+    event_id = models.CharField(max_length=255)
+    consumer_group = models.CharField(max_length=255)
+    topic = models.CharField(max_length=249)
+    partition = models.IntegerField()
+    offset = models.BigIntegerField()
+    # Kafka tells a null key from an empty one, and so does this column.
+    key = models.TextField(null=True, blank=True)  # noqa: DJ001
+    event_type = models.CharField(max_length=255, blank=True, default="")
+    aggregate_type = models.CharField(max_length=255, blank=True, default="")
+    aggregate_id = models.CharField(max_length=255, blank=True, default="")
+    # Null for a record whose value is not JSON; raw_value keeps its bytes then.
+    payload = models.JSONField(encoder=DjangoJSONEncoder, null=True, blank=True)
+    headers = models.JSONField(default=dict, blank=True)
+    raw_value = models.TextField(blank=True, default="")
+    raw_value_encoding = models.CharField(max_length=8, blank=True, default="")
+    status = models.CharField(max_length=7, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    published_at = models.DateTimeField(null=True, blank=True)
+    received_at = models.DateTimeField(default=timezone.now)
+    processed_at = models.DateTimeField(null=True, blank=True)
+    duplicate_count = models.PositiveIntegerField(default=0)
+    last_duplicate_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "inbox_message"
+        ordering = ("-received_at",)
+        constraints = (
+            models.UniqueConstraint(
+                fields=("consumer_group", "event_id"), name="inbox_message_group_event_uniq"
+            ),
+        )
+        indexes = (
+            # Beat's retry scan: PENDING rows that are due.
+            models.Index(
+                fields=("next_attempt_at",),
+                name="inbox_message_retry_idx",
+                condition=Q(status="PENDING"),
+            ),
+            models.Index(fields=("status", "received_at"), name="inbox_message_status_idx"),
+            models.Index(fields=("received_at",), name="inbox_message_received_idx"),
+            models.Index(fields=("processed_at",), name="inbox_message_processed_idx"),
+            # An outbox event's timeline: its inbox rows in every group.
+            models.Index(fields=("event_id",), name="inbox_message_event_idx"),
+            models.Index(fields=("event_type",), name="inbox_message_type_idx"),
+            models.Index(fields=("topic", "partition", "offset"), name="inbox_message_tpo_idx"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.event_type or '?'} {self.event_id} in {self.consumer_group} ({self.status})"
+
+
+class ConsumerOffset(models.Model):
+    """The next offset to read, stored in the transaction of the effects (exactly-once mode)."""
+
+    consumer_group = models.CharField(max_length=255)
+    topic = models.CharField(max_length=249)
+    partition = models.IntegerField()
+    next_offset = models.BigIntegerField()
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "inbox_consumer_offset"
+        constraints = (
+            models.UniqueConstraint(
+                fields=("consumer_group", "topic", "partition"),
+                name="inbox_consumer_offset_uniq",
+            ),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.consumer_group} {self.topic}[{self.partition}] @ {self.next_offset}"

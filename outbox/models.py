@@ -1,0 +1,77 @@
+import uuid
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+# Allocated by PostgreSQL at insert; orders the events of one key (see OutboxEvent.position).
+POSITION_SEQUENCE = "outbox_event_position_seq"
+
+
+class OutboxEvent(models.Model):
+    """An event recorded in the business transaction, waiting for or done with publication.
+
+    The columns of id, aggregate type, aggregate id, event type and payload carry the names
+    Debezium's Outbox Event Router reads, so a deployment can swap the relay for CDC.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "PENDING", "Pending"
+        DONE = "DONE", "Done"
+        FAILED = "FAILED", "Failed"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False, db_column="id")
+    aggregate_type = models.CharField(max_length=255, db_column="aggregatetype")
+    aggregate_id = models.CharField(max_length=255, db_column="aggregateid")
+    event_type = models.CharField(max_length=255, db_column="type")
+    payload = models.JSONField(encoder=DjangoJSONEncoder, db_column="payload")
+    headers = models.JSONField(default=dict, blank=True)
+    topic = models.CharField(max_length=249)
+    key = models.CharField(max_length=255)
+    status = models.CharField(max_length=7, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    published_at = models.DateTimeField(null=True, blank=True)
+    kafka_partition = models.IntegerField(null=True, blank=True)
+    kafka_offset = models.BigIntegerField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    # Creation order from a database sequence: the relay publishes the events of one
+    # (topic, key) strictly in this order, whatever the clocks of the writing processes say.
+    position = models.BigIntegerField(
+        db_default=models.Func(models.Value(POSITION_SEQUENCE), function="nextval"),
+        editable=False,
+        unique=True,
+    )
+    # The lease of the relay that claimed the row; expired leases are claimable again.
+    locked_until = models.DateTimeField(null=True, blank=True, editable=False)
+    locked_by = models.CharField(max_length=255, blank=True, default="", editable=False)
+
+    class Meta:
+        db_table = "outbox_event"
+        ordering = ("-created_at",)
+        indexes = (
+            # The relay's claim: due PENDING rows in creation order.
+            models.Index(
+                fields=("position",),
+                name="outbox_event_pending_idx",
+                condition=Q(status="PENDING"),
+            ),
+            # The per-key order check and the quarantine list: rows not yet DONE, by key.
+            models.Index(
+                fields=("topic", "key", "position"),
+                name="outbox_event_undelivered_idx",
+                condition=~Q(status="DONE"),
+            ),
+            models.Index(fields=("status", "created_at"), name="outbox_event_status_idx"),
+            models.Index(fields=("created_at",), name="outbox_event_created_idx"),
+            models.Index(fields=("published_at",), name="outbox_event_published_idx"),
+            models.Index(fields=("aggregate_type", "aggregate_id"), name="outbox_event_aggr_idx"),
+            models.Index(fields=("event_type",), name="outbox_event_type_idx"),
+            models.Index(fields=("key",), name="outbox_event_key_idx"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.event_type} {self.id} ({self.status})"

@@ -1,0 +1,1 @@
+"""Analytics knobs: the PySpark job and its schedule."""

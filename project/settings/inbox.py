@@ -1,0 +1,1 @@
+"""Inbox knobs: consumers, retries and retention."""
