@@ -1,0 +1,257 @@
+"""The consumer loop: poll a batch, record it in one database transaction, then commit offsets.
+
+Order of a batch, and what a crash at each point leaves:
+1. poll: a crash loses nothing (no offset was committed);
+2. database transaction (inbox rows, handler effects, [exactly-once] next offsets): a crash
+   rolls it back, and the batch is redelivered and processed;
+3. synchronous offset commit: a crash before it redelivers the batch, and the inbox rows
+   make every message a counted duplicate (exactly-once mode: the consumer seeks past it).
+"""
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from django.conf import settings
+from django.db import close_old_connections, transaction
+
+from inbox.config import inbox_consumer_config
+from inbox.errors import NoHandlers
+from inbox.faults import AFTER_DB_COMMIT, BEFORE_DB_COMMIT, fault_point
+from inbox.metrics import BATCH_SECONDS
+from inbox.records import parse_record
+from inbox.registry import HandlerRegistry, get_registry
+from inbox.selectors import consumer_offsets_for
+from inbox.services import BatchResult, inbox_message_record_batch
+
+logger = logging.getLogger(__name__)
+
+# After a batch fails to record (database down, say), the consumer rewinds and waits this
+# long before the next try, doubling up to the maximum.
+ERROR_BACKOFF_SECONDS = 0.5
+ERROR_BACKOFF_MAX_SECONDS = 30.0
+
+PartitionKey = tuple[str, int]
+
+
+def _position(message: Message) -> tuple[PartitionKey, int]:
+    return (message.topic() or "", message.partition() or 0), message.offset() or 0
+
+
+class InboxConsumer:
+    """One Kafka consumer for one inbox group. Not thread-safe; one per process or thread."""
+
+    def __init__(
+        self,
+        *,
+        group: str,
+        topics: Sequence[str] | None = None,
+        registry: HandlerRegistry | None = None,
+        batch_size: int | None = None,
+        poll_timeout: float | None = None,
+        exactly_once: bool | None = None,
+        config_overrides: dict[str, Any] | None = None,
+        on_batch: Callable[[BatchResult], None] | None = None,
+    ) -> None:
+        self.group = group
+        self.registry = registry if registry is not None else get_registry()
+        self.topics = list(topics or self.registry.topics(group))
+        if not self.topics:
+            raise NoHandlers(
+                f"Group {group!r} has no handlers and no --topic was given. Registered groups: "
+                f"{', '.join(self.registry.groups()) or 'none'}."
+            )
+        self.batch_size = batch_size or settings.INBOX_BATCH_SIZE
+        self.poll_timeout = (
+            settings.INBOX_POLL_TIMEOUT_SECONDS if poll_timeout is None else poll_timeout
+        )
+        self.exactly_once = (
+            group in settings.INBOX_EXACTLY_ONCE_GROUPS if exactly_once is None else exactly_once
+        )
+        self.config = inbox_consumer_config(group=group, **(config_overrides or {}))
+        self.on_batch = on_batch
+        self._cooperative = "cooperative" in str(
+            self.config.get("partition.assignment.strategy", "")
+        )
+        self.running = False
+        self._consumer: Consumer | None = None
+        self._assigned: set[PartitionKey] = set()
+        # Messages polled but not yet recorded: on revoke they are finished and committed.
+        self._in_flight: list[Message] = []
+        self._error_backoff = ERROR_BACKOFF_SECONDS
+
+    # Lifecycle -------------------------------------------------------------------------
+
+    @property
+    def consumer(self) -> Consumer:
+        if self._consumer is None:
+            raise RuntimeError("Call start() first.")
+        return self._consumer
+
+    def start(self) -> None:
+        self._consumer = Consumer(self.config)
+        self._consumer.subscribe(
+            self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+        )
+        self.running = True
+        logger.info(
+            "Inbox consumer for group %s on %s (exactly-once: %s)",
+            self.group,
+            ", ".join(self.topics),
+            self.exactly_once,
+        )
+
+    def stop(self) -> None:
+        """Asks the loop to stop after the batch in progress; safe from a signal handler."""
+        self.running = False
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def run(self) -> None:
+        self.start()
+        try:
+            while self.running:
+                self.poll_batch()
+        finally:
+            self.close()
+
+    # One batch -------------------------------------------------------------------------
+
+    def poll_batch(self) -> BatchResult | None:
+        first = self.consumer.poll(self.poll_timeout)
+        if first is None:
+            return None
+        self._in_flight = [first]
+        # Whatever is already fetched, without waiting: a lone event is not held back, and a
+        # busy topic fills whole batches. A rebalance callback may run inside this call.
+        self._in_flight.extend(self.consumer.consume(self.batch_size - 1, timeout=0))
+        batch, self._in_flight = self._in_flight, []
+        return self._process(batch)
+
+    def _process(self, messages: Sequence[Message]) -> BatchResult | None:
+        usable = [m for m in messages if self._usable(m)]
+        if not usable:
+            return None
+        close_old_connections()
+        try:
+            result = self._record_and_commit(usable)
+        except Exception:
+            logger.exception(
+                "Group %s could not record a batch of %d; rewinding and retrying in %.1fs",
+                self.group,
+                len(usable),
+                self._error_backoff,
+            )
+            self._rewind(usable)
+            time.sleep(self._error_backoff)
+            self._error_backoff = min(self._error_backoff * 2, ERROR_BACKOFF_MAX_SECONDS)
+            return None
+        self._error_backoff = ERROR_BACKOFF_SECONDS
+        if self.on_batch is not None:
+            self.on_batch(result)
+        return result
+
+    def _record_and_commit(self, messages: Sequence[Message]) -> BatchResult:
+        started = time.monotonic()
+        records = [parse_record(m) for m in messages]
+        with transaction.atomic():
+            result = inbox_message_record_batch(
+                group=self.group,
+                records=records,
+                registry=self.registry,
+                exactly_once=self.exactly_once,
+                deadline=started + settings.INBOX_BATCH_MAX_SECONDS,
+            )
+            fault_point(BEFORE_DB_COMMIT)
+        fault_point(AFTER_DB_COMMIT)
+        self._commit_offsets(messages)
+        result.record_metrics(self.group)
+        BATCH_SECONDS.labels(self.group).observe(time.monotonic() - started)
+        return result
+
+    def _usable(self, message: Message) -> bool:
+        error = message.error()
+        if error is not None:
+            if error.fatal():
+                raise KafkaException(error)
+            if error.code() != KafkaError._PARTITION_EOF:
+                logger.warning("Group %s: consumer error %s", self.group, error)
+            return False
+        # A record fetched for a partition revoked meanwhile belongs to its new owner.
+        return _position(message)[0] in self._assigned
+
+    @staticmethod
+    def _next_offsets(messages: Sequence[Message]) -> list[TopicPartition]:
+        offsets: dict[PartitionKey, int] = {}
+        for message in messages:
+            key, offset = _position(message)
+            offsets[key] = max(offsets.get(key, 0), offset + 1)
+        return [
+            TopicPartition(topic, partition, offset)
+            for (topic, partition), offset in offsets.items()
+        ]
+
+    def _commit_offsets(self, messages: Sequence[Message]) -> None:
+        try:
+            self.consumer.commit(offsets=self._next_offsets(messages), asynchronous=False)
+        except KafkaException as error:
+            # The group moved on (rebalance): the new owner gets these records again and the
+            # inbox counts them as duplicates (exactly-once mode: it seeks past them).
+            logger.warning("Group %s: offset commit failed: %s", self.group, error)
+
+    def _rewind(self, messages: Sequence[Message]) -> None:
+        first: dict[PartitionKey, int] = {}
+        for message in messages:
+            key, offset = _position(message)
+            first[key] = min(first.get(key, offset), offset)
+        for (topic, partition), offset in first.items():
+            if (topic, partition) in self._assigned:
+                try:
+                    self.consumer.seek(TopicPartition(topic, partition, offset))
+                except KafkaException as error:
+                    logger.warning(
+                        "Group %s: rewind of %s[%d] failed: %s", self.group, topic, partition, error
+                    )
+
+    # Rebalance callbacks (run inside poll/consume) --------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self.exactly_once:
+            close_old_connections()
+            stored = consumer_offsets_for(
+                group=self.group, partitions=[(p.topic, p.partition) for p in partitions]
+            )
+            for partition in partitions:
+                offset = stored.get((partition.topic, partition.partition))
+                if offset is not None:
+                    partition.offset = offset
+            logger.info("Group %s: seeking to stored offsets %s", self.group, stored)
+            if self._cooperative:
+                consumer.incremental_assign(partitions)
+            else:
+                consumer.assign(partitions)
+        self._assigned.update((p.topic, p.partition) for p in partitions)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._in_flight:
+            batch, self._in_flight = self._in_flight, []
+            logger.info(
+                "Group %s: finishing %d in-flight records before revoke", self.group, len(batch)
+            )
+            self._process(batch)
+        self._assigned.difference_update((p.topic, p.partition) for p in partitions)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        lost = {(p.topic, p.partition) for p in partitions}
+        # Another member may own these already: committing would overwrite its progress.
+        dropped = [m for m in self._in_flight if _position(m)[0] in lost]
+        self._in_flight = [m for m in self._in_flight if _position(m)[0] not in lost]
+        logger.warning(
+            "Group %s: lost %s, dropped %d records", self.group, sorted(lost), len(dropped)
+        )
+        self._assigned.difference_update(lost)

@@ -1,0 +1,50 @@
+"""Reads of the inbox."""
+
+from collections.abc import Iterable
+
+from django.db.models import Count, QuerySet
+from django.utils import timezone
+
+from inbox.models import ConsumerOffset, InboxMessage
+
+
+def inbox_message_ids_due_for_retry(*, limit: int) -> list[int]:
+    return list(
+        InboxMessage.objects.filter(
+            status=InboxMessage.Status.PENDING, next_attempt_at__lte=timezone.now()
+        )
+        .order_by("next_attempt_at")
+        .values_list("id", flat=True)[:limit]
+    )
+
+
+def inbox_message_list(
+    *, consumer_group: str | None = None, status: str | None = None
+) -> QuerySet[InboxMessage]:
+    messages = InboxMessage.objects.all()
+    if consumer_group is not None:
+        messages = messages.filter(consumer_group=consumer_group)
+    if status is not None:
+        messages = messages.filter(status=status)
+    return messages
+
+
+def inbox_message_counts_by_status(*, consumer_group: str) -> dict[str, int]:
+    rows = (
+        InboxMessage.objects.filter(consumer_group=consumer_group)
+        .values("status")
+        .annotate(count=Count("id"))
+    )
+    return {row["status"]: row["count"] for row in rows}
+
+
+def consumer_offsets_for(
+    *, group: str, partitions: Iterable[tuple[str, int]]
+) -> dict[tuple[str, int], int]:
+    """The stored next offsets of an exactly-once group, for the partitions it was assigned."""
+    wanted = set(partitions)
+    topics = {topic for topic, _ in wanted}
+    rows = ConsumerOffset.objects.filter(consumer_group=group, topic__in=topics).values_list(
+        "topic", "partition", "next_offset"
+    )
+    return {(t, p): offset for t, p, offset in rows if (t, p) in wanted}

@@ -1,0 +1,533 @@
+"""Writes of the inbox: recording batches, running handlers, retries, replays, retention."""
+
+import datetime as dt
+import json
+import logging
+import random
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from inbox import metrics
+from inbox.errors import (
+    ImproperlyConfiguredInbox,
+    InvalidTransition,
+    NoHandlerForRetry,
+    UnknownEventType,
+)
+from inbox.models import InboxMessage
+from inbox.records import InboxRecord, poison_description
+from inbox.registry import Handler, HandlerRegistry, get_registry
+
+logger = logging.getLogger(__name__)
+
+UNKNOWN_EVENT_TYPE_CHOICES = ("ignore", "fail")
+# last_error keeps the error's type and message and the innermost frames of its traceback.
+TRACEBACK_FRAMES = 5
+LAST_ERROR_MAX_CHARS = 4000
+
+PENDING = InboxMessage.Status.PENDING.value
+DONE = InboxMessage.Status.DONE.value
+FAILED = InboxMessage.Status.FAILED.value
+
+
+@dataclass
+class BatchResult:
+    consumed: int = 0
+    inserted: int = 0
+    duplicates: int = 0
+    processed: int = 0
+    failed: int = 0
+    poison: int = 0
+    ignored: int = 0
+    deferred: int = 0
+    # Records below the stored offset of an exactly-once group: already applied.
+    skipped: int = 0
+    handler_seconds: list[float] = field(default_factory=list)
+    consume_lag_seconds: list[float] = field(default_factory=list)
+
+    def record_metrics(self, group: str) -> None:
+        """Call after the batch's transaction committed: metrics count what is durable."""
+        metrics.CONSUMED.labels(group).inc(self.consumed)
+        metrics.PROCESSED.labels(group).inc(self.processed)
+        metrics.DUPLICATES.labels(group).inc(self.duplicates + self.skipped)
+        metrics.FAILED.labels(group, "handler").inc(self.failed)
+        metrics.FAILED.labels(group, "poison").inc(self.poison)
+        metrics.IGNORED.labels(group).inc(self.ignored)
+        metrics.DEFERRED.labels(group).inc(self.deferred)
+        metrics.observe_all(metrics.HANDLER_SECONDS, group, self.handler_seconds)
+        metrics.observe_all(metrics.CONSUME_LAG_SECONDS, group, self.consume_lag_seconds)
+
+
+def retry_delay_seconds(*, attempts: int) -> float:
+    """Exponential backoff with jitter: a random delay in [d/2, d], d = base * 2**(attempts-1)."""
+    base = settings.INBOX_RETRY_BASE_SECONDS
+    delay = min(settings.INBOX_RETRY_MAX_SECONDS, base * 2 ** max(0, attempts - 1))
+    return delay / 2 + random.uniform(0, delay / 2)
+
+
+def format_error(error: BaseException) -> str:
+    kind = f"{type(error).__module__}.{type(error).__qualname__}"
+    frames = "".join(traceback.format_tb(error.__traceback__)[-TRACEBACK_FRAMES:])
+    return f"{kind}: {error}\n{frames}"[:LAST_ERROR_MAX_CHARS]
+
+
+def _require_atomic() -> None:
+    if not connection.in_atomic_block:
+        raise InvalidTransition("Call this inside transaction.atomic().")
+
+
+def _run_handler(entry: Handler, message: InboxMessage) -> tuple[BaseException | None, float]:
+    started = time.perf_counter()
+    try:
+        # The savepoint: a failing handler's writes roll back, the batch's do not.
+        with transaction.atomic():
+            entry.function(message)
+    except Exception as error:
+        logger.warning(
+            "Handler %s failed on %s %s: %s",
+            entry.name,
+            message.event_type,
+            message.event_id,
+            error,
+        )
+        return error, time.perf_counter() - started
+    return None, time.perf_counter() - started
+
+
+def _failure_state(*, attempts: int, now: dt.datetime) -> tuple[str, dt.datetime | None]:
+    if attempts >= settings.INBOX_MAX_ATTEMPTS:
+        return FAILED, None
+    return PENDING, now + dt.timedelta(seconds=retry_delay_seconds(attempts=attempts))
+
+
+_INSERT_SQL = """
+INSERT INTO inbox_message (
+    event_id, consumer_group, topic, "partition", "offset", key, event_type, aggregate_type,
+    aggregate_id, payload, headers, raw_value, raw_value_encoding, status, attempts,
+    next_attempt_at, last_error, published_at, received_at, processed_at, duplicate_count,
+    last_duplicate_at
+)
+SELECT r.event_id, %(group)s, r.topic, r.partition, r.offset, r.key, r.event_type,
+    r.aggregate_type, r.aggregate_id, r.payload::jsonb, r.headers::jsonb, r.raw_value,
+    r.raw_value_encoding, r.status, 0, NULL, r.last_error, r.published_at, %(now)s, NULL,
+    r.duplicate_count, CASE WHEN r.duplicate_count > 0 THEN %(now)s::timestamptz END
+FROM unnest(
+    %(event_id)s::text[], %(topic)s::text[], %(partition)s::integer[], %(offset)s::bigint[],
+    %(key)s::text[], %(event_type)s::text[], %(aggregate_type)s::text[],
+    %(aggregate_id)s::text[], %(payload)s::text[], %(headers)s::text[], %(raw_value)s::text[],
+    %(raw_value_encoding)s::text[], %(status)s::text[], %(last_error)s::text[],
+    %(published_at)s::timestamptz[], %(duplicate_count)s::integer[]
+) AS r(
+    event_id, topic, partition, "offset", key, event_type, aggregate_type, aggregate_id,
+    payload, headers, raw_value, raw_value_encoding, status, last_error, published_at,
+    duplicate_count
+)
+ON CONFLICT (consumer_group, event_id) DO UPDATE SET
+    duplicate_count = inbox_message.duplicate_count + 1 + EXCLUDED.duplicate_count,
+    last_duplicate_at = EXCLUDED.received_at
+RETURNING id, event_id, (xmax = 0) AS inserted, status, attempts, duplicate_count
+"""
+
+_UPDATE_SQL = """
+UPDATE inbox_message AS m SET
+    status = u.status, attempts = u.attempts, next_attempt_at = u.next_attempt_at,
+    last_error = u.last_error, processed_at = u.processed_at
+FROM unnest(
+    %s::bigint[], %s::text[], %s::integer[], %s::timestamptz[], %s::text[], %s::timestamptz[]
+) AS u(id, status, attempts, next_attempt_at, last_error, processed_at)
+WHERE m.id = u.id
+"""
+
+
+@dataclass(slots=True)
+class _Row:
+    record: InboxRecord
+    entry: Handler | None
+    status: str
+    last_error: str = ""
+    extra_deliveries: int = 0
+
+
+def _classify(
+    *,
+    group: str,
+    records: Sequence[InboxRecord],
+    registry: HandlerRegistry,
+    unknown_event_type: str,
+    result: BatchResult,
+) -> list[_Row]:
+    """One row per event id (the first delivery in the batch); later ones count as duplicates."""
+    handlers = registry.for_group(group)
+    rows: dict[str, _Row] = {}
+    for record in records:
+        row = rows.get(record.event_id)
+        if row is not None:
+            row.extra_deliveries += 1
+            continue
+        if record.poison is not None:
+            rows[record.event_id] = _Row(
+                record, None, FAILED, last_error=poison_description(record.poison)
+            )
+            continue
+        entry = handlers.get(record.event_type)
+        if entry is None:
+            if unknown_event_type == "ignore":
+                result.ignored += 1
+                continue
+            poison = UnknownEventType(
+                f"Group {group!r} has no handler for event type {record.event_type!r}. Add one "
+                "and replay the row, or set INBOX_UNKNOWN_EVENT_TYPE=ignore."
+            )
+            rows[record.event_id] = _Row(
+                record, None, FAILED, last_error=poison_description(poison)
+            )
+            continue
+        rows[record.event_id] = _Row(record, entry, PENDING)
+    return list(rows.values())
+
+
+def _insert(
+    *, group: str, rows: Sequence[_Row], now: dt.datetime
+) -> dict[str, tuple[int, bool, str, int, int]]:
+    params: dict[str, Any] = {
+        "group": group,
+        "now": now,
+        "event_id": [row.record.event_id for row in rows],
+        "topic": [row.record.topic for row in rows],
+        "partition": [row.record.partition for row in rows],
+        "offset": [row.record.offset for row in rows],
+        "key": [row.record.key for row in rows],
+        "event_type": [row.record.event_type for row in rows],
+        "aggregate_type": [row.record.aggregate_type for row in rows],
+        "aggregate_id": [row.record.aggregate_id for row in rows],
+        "payload": [row.record.payload_json for row in rows],
+        "headers": [json.dumps(row.record.headers) for row in rows],
+        "raw_value": [row.record.raw_value for row in rows],
+        "raw_value_encoding": [row.record.raw_value_encoding for row in rows],
+        "status": [row.status for row in rows],
+        "last_error": [row.last_error for row in rows],
+        "published_at": [row.record.published_at for row in rows],
+        "duplicate_count": [row.extra_deliveries for row in rows],
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_INSERT_SQL, params)
+        return {
+            event_id: (pk, inserted, status, attempts, duplicate_count)
+            for pk, event_id, inserted, status, attempts, duplicate_count in cursor.fetchall()
+        }
+
+
+def _message(
+    *, group: str, record: InboxRecord, pk: int, attempts: int, duplicates: int, now: dt.datetime
+) -> InboxMessage:
+    message = InboxMessage(
+        id=pk,
+        event_id=record.event_id,
+        consumer_group=group,
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        key=record.key,
+        event_type=record.event_type,
+        aggregate_type=record.aggregate_type,
+        aggregate_id=record.aggregate_id,
+        payload=record.payload,
+        headers=record.headers,
+        status=PENDING,
+        attempts=attempts,
+        published_at=record.published_at,
+        received_at=now,
+        duplicate_count=duplicates,
+    )
+    message._state.adding = False
+    message._state.db = connection.alias
+    return message
+
+
+def consumer_offsets_lock(
+    *, group: str, records: Sequence[InboxRecord]
+) -> dict[tuple[str, int], int]:
+    """Locks, for the rest of the transaction, the stored next offsets of the partitions in
+    `records`, creating missing rows at the batch's first offset. Call inside atomic()."""
+    _require_atomic()
+    first: dict[tuple[str, int], int] = {}
+    for record in records:
+        key = (record.topic, record.partition)
+        first[key] = min(first.get(key, record.offset), record.offset)
+    if not first:
+        return {}
+    topics = [topic for topic, _ in first]
+    partitions = [partition for _, partition in first]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO inbox_consumer_offset (consumer_group, topic, "partition", next_offset,
+                updated_at)
+            SELECT %s, t.topic, t.partition, t.next_offset, now()
+            FROM unnest(%s::text[], %s::integer[], %s::bigint[]) AS t(topic, partition, next_offset)
+            ON CONFLICT (consumer_group, topic, "partition") DO NOTHING
+            """,
+            [group, topics, partitions, list(first.values())],
+        )
+        cursor.execute(
+            """
+            SELECT o.topic, o.partition, o.next_offset FROM inbox_consumer_offset AS o
+            JOIN unnest(%s::text[], %s::integer[]) AS t(topic, partition)
+                ON o.topic = t.topic AND o.partition = t.partition
+            WHERE o.consumer_group = %s
+            ORDER BY o.topic, o.partition
+            FOR UPDATE OF o
+            """,
+            [topics, partitions, group],
+        )
+        return {(topic, partition): offset for topic, partition, offset in cursor.fetchall()}
+
+
+def consumer_offsets_store(*, group: str, next_offsets: dict[tuple[str, int], int]) -> None:
+    """Stores the next offset to read per partition, never moving one back. Call inside
+    the transaction of the effects, after consumer_offsets_lock()."""
+    _require_atomic()
+    if not next_offsets:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE inbox_consumer_offset AS o
+            SET next_offset = GREATEST(o.next_offset, t.next_offset), updated_at = now()
+            FROM unnest(%s::text[], %s::integer[], %s::bigint[]) AS t(topic, partition, next_offset)
+            WHERE o.consumer_group = %s AND o.topic = t.topic AND o.partition = t.partition
+            """,
+            [
+                [topic for topic, _ in next_offsets],
+                [partition for _, partition in next_offsets],
+                list(next_offsets.values()),
+                group,
+            ],
+        )
+
+
+def inbox_message_record_batch(
+    *,
+    group: str,
+    records: Sequence[InboxRecord],
+    registry: HandlerRegistry | None = None,
+    exactly_once: bool = False,
+    deduplicate: bool | None = None,
+    unknown_event_type: str | None = None,
+    deadline: float | None = None,
+) -> BatchResult:
+    """Records a batch of records for `group` and runs the handlers of the new ones.
+
+    Call inside transaction.atomic(): the inbox rows, the handlers' effects and (with
+    `exactly_once`) the next offsets commit together. Each handler runs in a savepoint; a
+    failure is recorded on its row and does not stop the batch. Handlers not started by
+    `deadline` (time.monotonic()) are left PENDING and due now, for the retry task.
+    """
+    _require_atomic()
+    registry = registry if registry is not None else get_registry()
+    deduplicate = settings.INBOX_DEDUPLICATE if deduplicate is None else deduplicate
+    unknown_event_type = unknown_event_type or settings.INBOX_UNKNOWN_EVENT_TYPE
+    if unknown_event_type not in UNKNOWN_EVENT_TYPE_CHOICES:
+        raise ImproperlyConfiguredInbox(
+            f"INBOX_UNKNOWN_EVENT_TYPE is {unknown_event_type!r}; use 'ignore' or 'fail'."
+        )
+    result = BatchResult(consumed=len(records))
+    if exactly_once:
+        stored = consumer_offsets_lock(group=group, records=records)
+        fresh = [r for r in records if r.offset >= stored[(r.topic, r.partition)]]
+        result.skipped = len(records) - len(fresh)
+        next_offsets: dict[tuple[str, int], int] = {}
+        for record in fresh:
+            key = (record.topic, record.partition)
+            next_offsets[key] = max(next_offsets.get(key, 0), record.offset + 1)
+        records = fresh
+
+    now = timezone.now()
+    rows = _classify(
+        group=group,
+        records=records,
+        registry=registry,
+        unknown_event_type=unknown_event_type,
+        result=result,
+    )
+    returned = _insert(group=group, rows=rows, now=now) if rows else {}
+
+    updates: list[tuple[int, str, int, dt.datetime | None, str, dt.datetime | None]] = []
+    for row in rows:
+        pk, inserted, status, attempts, duplicate_count = returned[row.record.event_id]
+        if inserted:
+            result.inserted += 1
+            result.duplicates += row.extra_deliveries
+        else:
+            result.duplicates += 1 + row.extra_deliveries
+        if row.entry is None:
+            if inserted:
+                result.poison += 1
+            continue
+        # A duplicate runs nothing, unless deduplication is off (then it runs again, which is
+        # what exactly-once mode alone must make safe).
+        if not inserted and (deduplicate or status == FAILED):
+            continue
+        if deadline is not None and time.monotonic() > deadline:
+            result.deferred += 1
+            updates.append((pk, PENDING, attempts, now, "", None))
+            continue
+        message = _message(
+            group=group,
+            record=row.record,
+            pk=pk,
+            attempts=attempts,
+            duplicates=duplicate_count,
+            now=now,
+        )
+        error, seconds = _run_handler(row.entry, message)
+        result.handler_seconds.append(seconds)
+        finished = timezone.now()
+        if error is None:
+            result.processed += 1
+            updates.append((pk, DONE, attempts + 1, None, "", finished))
+            if row.record.published_at is not None:
+                result.consume_lag_seconds.append(
+                    (finished - row.record.published_at).total_seconds()
+                )
+        else:
+            result.failed += 1
+            new_status, next_attempt_at = _failure_state(attempts=attempts + 1, now=finished)
+            updates.append(
+                (pk, new_status, attempts + 1, next_attempt_at, format_error(error), None)
+            )
+    if updates:
+        with connection.cursor() as cursor:
+            cursor.execute(_UPDATE_SQL, [list(column) for column in zip(*updates, strict=True)])
+    if exactly_once:
+        consumer_offsets_store(group=group, next_offsets=next_offsets)
+    return result
+
+
+def inbox_message_retry(
+    *, message_id: int, registry: HandlerRegistry | None = None
+) -> InboxMessage | None:
+    """Runs the handler of one due PENDING row from its stored payload, in its own
+    transaction. Returns None when the row is gone, not due, or locked by another worker."""
+    registry = registry if registry is not None else get_registry()
+    with transaction.atomic():
+        message = (
+            InboxMessage.objects.select_for_update(skip_locked=True)
+            .filter(id=message_id, status=PENDING, next_attempt_at__lte=timezone.now())
+            .first()
+        )
+        if message is None:
+            return None
+        entry = registry.get(group=message.consumer_group, event_type=message.event_type)
+        error: BaseException | None
+        if entry is None:
+            error = NoHandlerForRetry(
+                f"No handler for {message.event_type!r} in group {message.consumer_group!r} "
+                "in this process; is its app installed and its handlers.py imported?"
+            )
+            seconds = 0.0
+        else:
+            error, seconds = _run_handler(entry, message)
+        finished = timezone.now()
+        message.attempts += 1
+        if error is None:
+            message.status = InboxMessage.Status.DONE
+            message.processed_at = finished
+            message.next_attempt_at = None
+            message.last_error = ""
+        else:
+            status, message.next_attempt_at = _failure_state(
+                attempts=message.attempts, now=finished
+            )
+            message.status = InboxMessage.Status(status)
+            message.last_error = format_error(error)
+        message.save(
+            update_fields=["status", "attempts", "next_attempt_at", "last_error", "processed_at"]
+        )
+    group = message.consumer_group
+    metrics.HANDLER_SECONDS.labels(group).observe(seconds)
+    if error is None:
+        metrics.PROCESSED.labels(group).inc()
+        if message.published_at is not None:
+            metrics.CONSUME_LAG_SECONDS.labels(group).observe(
+                (finished - message.published_at).total_seconds()
+            )
+    else:
+        metrics.FAILED.labels(group, "handler").inc()
+    return message
+
+
+def inbox_messages_retry_due(
+    *, limit: int | None = None, registry: HandlerRegistry | None = None
+) -> dict[str, int]:
+    """Retries up to `limit` due rows, oldest due first. Returns counts by outcome."""
+    from inbox.selectors import inbox_message_ids_due_for_retry
+
+    limit = limit or settings.INBOX_RETRY_BATCH_SIZE
+    counts = {"done": 0, "pending": 0, "failed": 0, "skipped": 0}
+    for message_id in inbox_message_ids_due_for_retry(limit=limit):
+        message = inbox_message_retry(message_id=message_id, registry=registry)
+        if message is None:
+            counts["skipped"] += 1
+        else:
+            counts[message.status.lower()] += 1
+    return counts
+
+
+def inbox_message_replay(*, message: InboxMessage) -> InboxMessage:
+    """An operator's decision: run a FAILED row's handler again, with a fresh retry budget."""
+    with transaction.atomic():
+        message = InboxMessage.objects.select_for_update().get(pk=message.pk)
+        if message.status != InboxMessage.Status.FAILED:
+            raise InvalidTransition(
+                f"Only FAILED messages can be replayed; this one is {message.status}."
+            )
+        if message.payload is None and message.raw_value_encoding:
+            raise InvalidTransition(
+                "This message's value is not JSON; no handler can run it. Fix the producer "
+                "and publish the event again."
+            )
+        message.status = InboxMessage.Status.PENDING
+        message.attempts = 0
+        message.next_attempt_at = timezone.now()
+        message.save(update_fields=["status", "attempts", "next_attempt_at"])
+    return message
+
+
+def inbox_messages_purge_processed(
+    *,
+    older_than: dt.datetime | None = None,
+    batch_size: int | None = None,
+    max_batches: int | None = None,
+) -> int:
+    """Deletes DONE rows processed before `older_than` (default: INBOX_RETENTION_DAYS ago),
+    `batch_size` rows per short transaction, at most `max_batches` batches. Returns the count."""
+    older_than = older_than or timezone.now() - dt.timedelta(days=settings.INBOX_RETENTION_DAYS)
+    batch_size = batch_size or settings.INBOX_RETENTION_BATCH_SIZE
+    max_batches = max_batches or settings.INBOX_RETENTION_MAX_BATCHES
+    deleted = 0
+    for _ in range(max_batches):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                """
+                DELETE FROM inbox_message WHERE id IN (
+                    SELECT id FROM inbox_message
+                    WHERE status = %s AND processed_at < %s
+                    ORDER BY processed_at LIMIT %s
+                    FOR UPDATE SKIP LOCKED
+                )
+                """,
+                [DONE, older_than, batch_size],
+            )
+            count = cursor.rowcount
+        deleted += count
+        if count < batch_size:
+            break
+    return deleted

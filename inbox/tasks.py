@@ -1,0 +1,18 @@
+"""Celery tasks of the inbox: thin wrappers around services, scheduled in
+project/settings/schedule.py."""
+
+from celery import shared_task
+
+from inbox.services import inbox_messages_purge_processed, inbox_messages_retry_due
+
+
+@shared_task(ignore_result=True)
+def retry_due() -> dict[str, int]:
+    """Runs the handlers of PENDING rows whose next attempt is due."""
+    return inbox_messages_retry_due()
+
+
+@shared_task(ignore_result=True)
+def purge_processed() -> int:
+    """Deletes DONE rows older than INBOX_RETENTION_DAYS, in bounded batches."""
+    return inbox_messages_purge_processed()
