@@ -1,0 +1,82 @@
+"""A long-running relay woken by PostgreSQL LISTEN/NOTIFY: the lowest publish latency.
+
+Each insert into the outbox notifies the `outbox_event` channel when its transaction
+commits; the relay then drains due events until a batch comes back short, and otherwise
+wakes at least every --poll-seconds for events whose retry has come due."""
+
+import logging
+import select
+import signal
+import socket
+from types import FrameType
+from typing import Any
+
+import psycopg
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import connection
+
+from outbox.producer import close_producers
+from outbox.relay import Relay, transactional_id_for
+
+logger = logging.getLogger(__name__)
+
+NOTIFY_CHANNEL = "outbox_event"
+
+
+class Command(BaseCommand):
+    help = "Publishes outbox events to Kafka as soon as they commit (LISTEN/NOTIFY)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--slot",
+            default=socket.gethostname(),
+            help="Names this relay's transactional.id in transactional mode; give each "
+            "concurrent relay its own slot, and a restarted relay its old one.",
+        )
+        parser.add_argument("--poll-seconds", type=float, default=1.0)
+        parser.add_argument("--batch-size", type=int, default=None)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self.running = True
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        relay = Relay(
+            transactional_id=transactional_id_for(options["slot"]),
+            batch_size=options["batch_size"],
+        )
+        self.stdout.write(f"outbox relay {relay.relay_id} listening on '{NOTIFY_CHANNEL}'")
+        listener = self._listen()
+        published = 0
+        try:
+            while self.running:
+                published += relay.run(max_seconds=options["poll_seconds"]).published
+                self._wait_for_notification(listener, options["poll_seconds"])
+        finally:
+            close_producers()
+            listener.close()
+            connection.close()
+            self.stdout.write(f"outbox relay stopped after publishing {published} events")
+
+    def _stop(self, signum: int, frame: FrameType | None) -> None:
+        self.running = False
+
+    def _listen(self) -> psycopg.Connection[Any]:
+        # A connection of its own, in autocommit: LISTEN must not sit inside a transaction.
+        params = connection.get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        params.pop("prepare_threshold", None)
+        params.pop("server_side_binding", None)
+        listener = psycopg.connect(**params, autocommit=True)
+        listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        return listener
+
+    def _wait_for_notification(self, listener: psycopg.Connection[Any], timeout: float) -> None:
+        try:
+            readable, _, _ = select.select([listener.fileno()], [], [], timeout)
+        except InterruptedError:
+            return
+        if readable:
+            # Drain every pending notification: one wake-up serves them all.
+            for _ in listener.notifies(timeout=0):
+                pass

@@ -1,0 +1,79 @@
+"""Reads of the outbox for the console, the API and the metrics."""
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import connection
+from django.db.models import Count, Min
+from django.utils import timezone
+
+from outbox.models import OutboxEvent
+
+
+@dataclass(frozen=True)
+class QuarantinedKey:
+    topic: str
+    key: str
+    blocking_event_id: str
+    blocking_status: str
+    blocking_attempts: int
+    blocking_error: str
+    blocking_next_attempt_at: datetime | None
+    waiting_events: int
+
+
+def outbox_quarantined_keys(*, limit: int = 100) -> list[QuarantinedKey]:
+    """Keys whose oldest undelivered event is FAILED or waiting for a retry, with that event.
+
+    The key's later events wait behind it (order per key) until it is published or released.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            WITH heads AS (
+                SELECT DISTINCT ON (topic, key)
+                       topic, key, id, status, attempts, last_error, next_attempt_at
+                FROM outbox_event
+                WHERE status <> 'DONE'
+                ORDER BY topic, key, position
+            )
+            SELECT heads.topic, heads.key, heads.id, heads.status, heads.attempts,
+                   heads.last_error, heads.next_attempt_at,
+                   (SELECT count(*) FROM outbox_event AS waiting
+                    WHERE waiting.topic = heads.topic AND waiting.key = heads.key
+                      AND waiting.status <> 'DONE' AND waiting.id <> heads.id)
+            FROM heads
+            WHERE heads.status = 'FAILED' OR heads.attempts > 0
+            ORDER BY heads.next_attempt_at NULLS FIRST
+            LIMIT %s
+            """,
+            [limit],
+        )
+        rows = cursor.fetchall()
+    return [
+        QuarantinedKey(
+            topic=row[0],
+            key=row[1],
+            blocking_event_id=str(row[2]),
+            blocking_status=row[3],
+            blocking_attempts=row[4],
+            blocking_error=row[5],
+            blocking_next_attempt_at=row[6],
+            waiting_events=row[7],
+        )
+        for row in rows
+    ]
+
+
+def outbox_status_counts() -> dict[str, int]:
+    counts = dict.fromkeys(OutboxEvent.Status.values, 0)
+    for row in OutboxEvent.objects.order_by().values("status").annotate(count=Count("id")):
+        counts[row["status"]] = row["count"]
+    return counts
+
+
+def outbox_oldest_pending_age_seconds() -> float | None:
+    oldest = OutboxEvent.objects.filter(status=OutboxEvent.Status.PENDING).aggregate(
+        oldest=Min("created_at")
+    )["oldest"]
+    return None if oldest is None else (timezone.now() - oldest).total_seconds()

@@ -1,0 +1,404 @@
+"""Writes to the outbox: publish() for business code, claim and mark for the relay, and the
+operator's repairs. Marking a batch takes one statement per outcome, never one per row."""
+
+import json
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from outbox.errors import (
+    DuplicateEvent,
+    IllegalTransition,
+    InvalidEvent,
+    InvalidPayload,
+    NotInTransaction,
+    PayloadTooLarge,
+)
+from outbox.models import OutboxEvent
+from outbox.tracing import TRACEPARENT_HEADER, caller_traceparent
+
+# Kafka's legal topic names: ASCII letters, digits, '.', '_' and '-', at most 249 characters.
+TOPIC_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+IDENTIFIER_MAX_LENGTH = 255
+# Headers every record carries; an event's own headers may not replace them.
+STANDARD_HEADERS = frozenset(
+    {"event_id", "event_type", "aggregate_type", "aggregate_id", "created_at", "content-type"}
+)
+
+
+def encode_payload(payload: Any) -> bytes:
+    """The record value: the payload as compact UTF-8 JSON."""
+    try:
+        text = json.dumps(
+            payload,
+            cls=DjangoJSONEncoder,
+            ensure_ascii=False,
+            allow_nan=False,
+            separators=(",", ":"),
+        )
+    except (TypeError, ValueError) as error:
+        raise InvalidPayload(
+            f"The payload is not JSON-serialisable ({error}). Pass dicts, lists, strings, "
+            "numbers, booleans, None, or values Django's JSON encoder knows (dates, "
+            "decimals, UUIDs)."
+        ) from error
+    return text.encode("utf-8")
+
+
+def _require_identifier(name: str, value: Any) -> str:
+    text = "" if value is None else str(value)
+    if not text.strip():
+        raise InvalidEvent(f"{name} must not be empty.")
+    if len(text) > IDENTIFIER_MAX_LENGTH:
+        raise InvalidEvent(
+            f"{name} is {len(text)} characters long; the limit is {IDENTIFIER_MAX_LENGTH}."
+        )
+    return text
+
+
+def _resolve_topic(topic: str | None, *, aggregate_type: str, event_type: str) -> str:
+    if topic is None:
+        try:
+            topic = settings.OUTBOX_TOPIC_TEMPLATE.format(
+                aggregate_type=aggregate_type, event_type=event_type
+            )
+        except (KeyError, IndexError) as error:
+            raise InvalidEvent(
+                f"OUTBOX_TOPIC_TEMPLATE {settings.OUTBOX_TOPIC_TEMPLATE!r} uses an unknown "
+                f"field {error}; it may use {{aggregate_type}} and {{event_type}}."
+            ) from error
+    if not TOPIC_NAME_PATTERN.match(topic) or topic in (".", ".."):
+        raise InvalidEvent(
+            f"Kafka would refuse the topic name {topic!r}: use 1 to 249 ASCII letters, digits, "
+            "'.', '_' or '-' (and not '.' or '..')."
+        )
+    return topic
+
+
+def _resolve_headers(headers: Mapping[str, Any] | None) -> dict[str, str]:
+    resolved: dict[str, str] = {}
+    for name, value in (headers or {}).items():
+        if not isinstance(name, str) or not name:
+            raise InvalidEvent(f"Header names must be non-empty strings, got {name!r}.")
+        if name in STANDARD_HEADERS:
+            raise InvalidEvent(
+                f"The header {name!r} is set by the outbox itself; choose another name."
+            )
+        if not isinstance(value, str):
+            raise InvalidEvent(
+                f"The value of header {name!r} must be a string, got {type(value).__name__}."
+            )
+        resolved[name] = value
+    if TRACEPARENT_HEADER not in resolved:
+        traceparent = caller_traceparent()
+        if traceparent:
+            resolved[TRACEPARENT_HEADER] = traceparent
+    return resolved
+
+
+def _resolve_event_id(event_id: uuid.UUID | str | None) -> uuid.UUID:
+    if event_id is None:
+        return uuid.uuid4()
+    if isinstance(event_id, uuid.UUID):
+        return event_id
+    try:
+        return uuid.UUID(str(event_id))
+    except ValueError as error:
+        raise InvalidEvent(f"event_id {event_id!r} is not a UUID.") from error
+
+
+def outbox_event_publish(
+    *,
+    aggregate_type: str,
+    aggregate_id: Any,
+    event_type: str,
+    payload: Any,
+    topic: str | None = None,
+    key: str | None = None,
+    headers: Mapping[str, Any] | None = None,
+    event_id: uuid.UUID | str | None = None,
+) -> OutboxEvent:
+    """Records an event in the caller's database transaction.
+
+    Call inside `transaction.atomic()`: the event exists only if that transaction commits.
+    Raises an OutboxError subclass, having written nothing, when the input is bad.
+    """
+    if not transaction.get_connection().in_atomic_block:
+        raise NotInTransaction(
+            "outbox.publish() must run inside transaction.atomic(), so that the event commits "
+            "or rolls back with the business change it describes."
+        )
+    aggregate_type = _require_identifier("aggregate_type", aggregate_type)
+    aggregate_id = _require_identifier("aggregate_id", aggregate_id)
+    event_type = _require_identifier("event_type", event_type)
+    key = aggregate_id if key is None else _require_identifier("key", key)
+    encoded = encode_payload(payload)
+    if len(encoded) > settings.OUTBOX_MAX_PAYLOAD_BYTES:
+        raise PayloadTooLarge(
+            f"The encoded payload is {len(encoded)} bytes; OUTBOX_MAX_PAYLOAD_BYTES allows "
+            f"{settings.OUTBOX_MAX_PAYLOAD_BYTES}. Store large documents elsewhere and publish "
+            "a reference to them."
+        )
+    event = OutboxEvent(
+        id=_resolve_event_id(event_id),
+        aggregate_type=aggregate_type,
+        aggregate_id=aggregate_id,
+        event_type=event_type,
+        # What is stored is exactly what the relay will send: the JSON of the encoded bytes.
+        payload=json.loads(encoded),
+        headers=_resolve_headers(headers),
+        topic=_resolve_topic(topic, aggregate_type=aggregate_type, event_type=event_type),
+        key=key,
+    )
+    if event_id is None:
+        event.save(force_insert=True)
+    else:
+        # A caller-chosen id may repeat; the savepoint keeps the caller's transaction usable.
+        try:
+            with transaction.atomic():
+                event.save(force_insert=True)
+        except IntegrityError as error:
+            raise DuplicateEvent(
+                f"An event with id {event.id} already exists; an event id is used once."
+            ) from error
+    if settings.OUTBOX_NUDGE_ON_COMMIT:
+        _nudge_relay_on_commit()
+    return event
+
+
+def _nudge_relay_on_commit() -> None:
+    # One nudge per transaction, however many events it publishes.
+    if any(entry[1] is _send_relay_nudge for entry in connection.run_on_commit):
+        return
+    transaction.on_commit(_send_relay_nudge, robust=True)
+
+
+def _send_relay_nudge() -> None:
+    from outbox.tasks import relay
+
+    # The outbox table is the source of truth: a lost nudge only waits for the next beat tick.
+    relay.apply_async(ignore_result=True, retry=False)
+
+
+# --- the relay's claim and marks ------------------------------------------------------------
+
+CLAIM_SQL = """
+WITH candidates AS (
+    SELECT event.id
+    FROM outbox_event AS event
+    WHERE event.status = 'PENDING'
+      AND event.next_attempt_at <= now()
+      AND (event.locked_until IS NULL OR event.locked_until < now())
+      -- Order per key: only the oldest undelivered event of a (topic, key) may go out.
+      AND NOT EXISTS (
+          SELECT 1 FROM outbox_event AS earlier
+          WHERE earlier.topic = event.topic
+            AND earlier.key = event.key
+            AND earlier.position < event.position
+            AND earlier.status <> 'DONE'
+      )
+    ORDER BY event.position
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox_event AS event
+SET locked_until = now() + make_interval(secs => %(lease_seconds)s),
+    locked_by = %(relay_id)s
+FROM candidates
+WHERE event.id = candidates.id
+RETURNING event.id, event.aggregatetype, event.aggregateid, event.type, event.payload,
+          event.headers, event.topic, event.key, event.created_at, event.attempts,
+          event.position
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedEvent:
+    id: uuid.UUID
+    aggregate_type: str
+    aggregate_id: str
+    event_type: str
+    payload: Any
+    headers: dict[str, str]
+    topic: str
+    key: str
+    created_at: datetime
+    attempts: int
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    event_id: uuid.UUID
+    partition: int
+    offset: int
+    published_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryFailure:
+    event_id: uuid.UUID
+    error: str
+
+
+def outbox_events_claim(*, relay_id: str, batch_size: int) -> list[ClaimedEvent]:
+    """Leases up to batch_size due events to relay_id, in a transaction of its own."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            CLAIM_SQL,
+            {
+                "batch_size": batch_size,
+                "lease_seconds": settings.OUTBOX_LEASE_SECONDS,
+                "relay_id": relay_id,
+            },
+        )
+        rows = cursor.fetchall()
+    events = [
+        ClaimedEvent(
+            id=row[0],
+            aggregate_type=row[1],
+            aggregate_id=row[2],
+            event_type=row[3],
+            payload=json.loads(row[4]) if isinstance(row[4], str) else row[4],
+            headers=json.loads(row[5]) if isinstance(row[5], str) else row[5],
+            topic=row[6],
+            key=row[7],
+            created_at=row[8],
+            attempts=row[9],
+            position=row[10],
+        )
+        for row in rows
+    ]
+    # The UPDATE returns rows in no particular order; the producer must send them by position.
+    events.sort(key=lambda event: event.position)
+    return events
+
+
+def outbox_events_mark_published(*, deliveries: Sequence[Delivery]) -> int:
+    if not deliveries:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE outbox_event AS event
+            SET status = 'DONE', attempts = event.attempts + 1, last_error = '',
+                published_at = delivery.published_at, kafka_partition = delivery.partition,
+                kafka_offset = delivery.kafka_offset, locked_until = NULL, locked_by = '',
+                updated_at = now()
+            FROM unnest(%s::uuid[], %s::integer[], %s::bigint[], %s::timestamptz[])
+                 AS delivery(id, partition, kafka_offset, published_at)
+            WHERE event.id = delivery.id AND event.status = 'PENDING'
+            """,
+            [
+                [d.event_id for d in deliveries],
+                [d.partition for d in deliveries],
+                [d.offset for d in deliveries],
+                [d.published_at for d in deliveries],
+            ],
+        )
+        return cursor.rowcount
+
+
+def outbox_events_mark_failed(*, relay_id: str, failures: Sequence[DeliveryFailure]) -> int:
+    """Counts a failed attempt; schedules the next one by exponential backoff with jitter,
+    or marks the event FAILED after OUTBOX_MAX_ATTEMPTS."""
+    if not failures:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE outbox_event AS event
+            SET attempts = event.attempts + 1,
+                last_error = failure.error,
+                status = CASE WHEN event.attempts + 1 >= %(max_attempts)s
+                              THEN 'FAILED' ELSE 'PENDING' END,
+                -- "Equal jitter": half the exponential delay, plus up to as much again at random.
+                next_attempt_at = now() + make_interval(secs =>
+                    LEAST(%(max_seconds)s, %(base_seconds)s * power(2, event.attempts))
+                    * (0.5 + random() / 2)),
+                locked_until = NULL, locked_by = '', updated_at = now()
+            FROM unnest(%(ids)s::uuid[], %(errors)s::text[]) AS failure(id, error)
+            WHERE event.id = failure.id AND event.status = 'PENDING'
+              AND event.locked_by = %(relay_id)s
+            """,
+            {
+                "max_attempts": settings.OUTBOX_MAX_ATTEMPTS,
+                "max_seconds": settings.OUTBOX_RETRY_MAX_SECONDS,
+                "base_seconds": settings.OUTBOX_RETRY_BASE_SECONDS,
+                "ids": [f.event_id for f in failures],
+                "errors": [f.error for f in failures],
+                "relay_id": relay_id,
+            },
+        )
+        return cursor.rowcount
+
+
+def outbox_events_release(*, relay_id: str, event_ids: Sequence[uuid.UUID]) -> int:
+    """Gives claimed events back untouched, for another attempt as soon as a relay is ready."""
+    if not event_ids:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE outbox_event SET locked_until = NULL, locked_by = '', updated_at = now()
+            WHERE id = ANY(%s::uuid[]) AND status = 'PENDING' AND locked_by = %s
+            """,
+            [list(event_ids), relay_id],
+        )
+        return cursor.rowcount
+
+
+def outbox_events_purge_published(*, older_than: datetime, batch_size: int) -> int:
+    """Deletes DONE events published before older_than, one bounded batch per transaction."""
+    deleted = 0
+    while True:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                """
+                DELETE FROM outbox_event WHERE id IN (
+                    SELECT id FROM outbox_event
+                    WHERE status = 'DONE' AND published_at < %s
+                    LIMIT %s FOR UPDATE SKIP LOCKED
+                )
+                """,
+                [older_than, batch_size],
+            )
+            batch = cursor.rowcount
+        deleted += batch
+        if batch < batch_size:
+            return deleted
+
+
+# --- operators' repairs ----------------------------------------------------------------------
+
+
+def outbox_event_retry(*, event: OutboxEvent) -> OutboxEvent:
+    """Sends a FAILED event (or a PENDING one waiting for its backoff) again, now, with a
+    fresh set of attempts."""
+    if event.status == OutboxEvent.Status.DONE:
+        raise IllegalTransition(
+            f"Event {event.id} is already published; replay it instead of retrying it."
+        )
+    updated = (
+        OutboxEvent.objects.filter(pk=event.pk)
+        .exclude(status=OutboxEvent.Status.DONE)
+        .update(
+            status=OutboxEvent.Status.PENDING,
+            attempts=0,
+            next_attempt_at=timezone.now(),
+            locked_until=None,
+            locked_by="",
+        )
+    )
+    if not updated:
+        raise IllegalTransition(f"Event {event.id} was published meanwhile; nothing to retry.")
+    event.refresh_from_db()
+    return event

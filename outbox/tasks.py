@@ -1,0 +1,33 @@
+"""Thin Celery tasks, each calling one service. Schedules: project/settings/schedule.py."""
+
+import socket
+from datetime import timedelta
+
+from billiard.process import current_process
+from celery import shared_task
+from django.conf import settings
+from django.utils import timezone
+
+from outbox.relay import Relay, transactional_id_for
+from outbox.services import outbox_events_purge_published
+
+
+def _worker_slot() -> str:
+    # Stable across restarts of the same worker child, so a restarted relay fences its zombie.
+    index = getattr(current_process(), "index", None)
+    return f"{socket.gethostname()}-{index if index is not None else 'main'}"
+
+
+@shared_task(name="outbox.tasks.relay", ignore_result=True)
+def relay() -> int:
+    """Publishes due events, looping while batches come back full."""
+    result = Relay(transactional_id=transactional_id_for(_worker_slot())).run()
+    return result.published
+
+
+@shared_task(name="outbox.tasks.purge_published", ignore_result=True)
+def purge_published() -> int:
+    return outbox_events_purge_published(
+        older_than=timezone.now() - timedelta(days=settings.OUTBOX_RETENTION_DAYS),
+        batch_size=settings.OUTBOX_RETENTION_BATCH_SIZE,
+    )
