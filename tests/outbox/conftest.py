@@ -63,11 +63,12 @@ def consume_all(
 
 
 def headers_of(message: Message) -> dict[str, str]:
-    return {name: value.decode() for name, value in message.headers() or []}
+    headers: list[tuple[str, bytes]] = message.headers() or []  # type: ignore[assignment]
+    return {name: value.decode() for name, value in headers}
 
 
 def payload_of(message: Message) -> dict:
-    return json.loads(message.value())
+    return json.loads(message.value() or b"null")
 
 
 def subprocess_environment(**extra: str) -> dict[str, str]:
