@@ -45,6 +45,9 @@ class OutboxEvent(models.Model):
         editable=False,
         unique=True,
     )
+    # Set when an operator discards a FAILED event: kept for audit, it no longer holds back
+    # the later events of its key.
+    discarded_at = models.DateTimeField(null=True, blank=True, editable=False)
     # The lease of the relay that claimed the row; expired leases are claimable again.
     locked_until = models.DateTimeField(null=True, blank=True, editable=False)
     locked_by = models.CharField(max_length=255, blank=True, default="", editable=False)
@@ -63,7 +66,7 @@ class OutboxEvent(models.Model):
             models.Index(
                 fields=("topic", "key", "position"),
                 name="outbox_event_undelivered_idx",
-                condition=~Q(status="DONE"),
+                condition=~Q(status="DONE") & Q(discarded_at__isnull=True),
             ),
             models.Index(fields=("status", "created_at"), name="outbox_event_status_idx"),
             models.Index(fields=("created_at",), name="outbox_event_created_idx"),

@@ -34,14 +34,15 @@ def outbox_quarantined_keys(*, limit: int = 100) -> list[QuarantinedKey]:
                 SELECT DISTINCT ON (topic, key)
                        topic, key, id, status, attempts, last_error, next_attempt_at
                 FROM outbox_event
-                WHERE status <> 'DONE'
+                WHERE status <> 'DONE' AND discarded_at IS NULL
                 ORDER BY topic, key, position
             )
             SELECT heads.topic, heads.key, heads.id, heads.status, heads.attempts,
                    heads.last_error, heads.next_attempt_at,
                    (SELECT count(*) FROM outbox_event AS waiting
                     WHERE waiting.topic = heads.topic AND waiting.key = heads.key
-                      AND waiting.status <> 'DONE' AND waiting.id <> heads.id)
+                      AND waiting.status <> 'DONE' AND waiting.discarded_at IS NULL
+                      AND waiting.id <> heads.id)
             FROM heads
             WHERE heads.status = 'FAILED' OR heads.attempts > 0
             ORDER BY heads.next_attempt_at NULLS FIRST

@@ -12,6 +12,7 @@ from typing import Any
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Func, Q, Value
 from django.utils import timezone
 
 from outbox.errors import (
@@ -22,7 +23,7 @@ from outbox.errors import (
     NotInTransaction,
     PayloadTooLarge,
 )
-from outbox.models import OutboxEvent
+from outbox.models import POSITION_SEQUENCE, OutboxEvent
 from outbox.tracing import TRACEPARENT_HEADER, caller_traceparent
 
 # Kafka's legal topic names: ASCII letters, digits, '.', '_' and '-', at most 249 characters.
@@ -204,6 +205,7 @@ WITH candidates AS (
             AND earlier.key = event.key
             AND earlier.position < event.position
             AND earlier.status <> 'DONE'
+            AND earlier.discarded_at IS NULL
       )
     ORDER BY event.position
     LIMIT %(batch_size)s
@@ -378,6 +380,9 @@ def outbox_events_purge_published(*, older_than: datetime, batch_size: int) -> i
 
 
 # --- operators' repairs ----------------------------------------------------------------------
+# Each refuses an illegal transition with IllegalTransition. The console records who did what.
+
+REPLAY_OF_HEADER = "replay_of"
 
 
 def outbox_event_retry(*, event: OutboxEvent) -> OutboxEvent:
@@ -387,8 +392,10 @@ def outbox_event_retry(*, event: OutboxEvent) -> OutboxEvent:
         raise IllegalTransition(
             f"Event {event.id} is already published; replay it instead of retrying it."
         )
+    if event.discarded_at is not None:
+        raise IllegalTransition(f"Event {event.id} was discarded; replay it to send it again.")
     updated = (
-        OutboxEvent.objects.filter(pk=event.pk)
+        OutboxEvent.objects.filter(pk=event.pk, discarded_at__isnull=True)
         .exclude(status=OutboxEvent.Status.DONE)
         .update(
             status=OutboxEvent.Status.PENDING,
@@ -399,6 +406,85 @@ def outbox_event_retry(*, event: OutboxEvent) -> OutboxEvent:
         )
     )
     if not updated:
-        raise IllegalTransition(f"Event {event.id} was published meanwhile; nothing to retry.")
+        raise IllegalTransition(f"Event {event.id} changed meanwhile; nothing to retry.")
     event.refresh_from_db()
     return event
+
+
+def outbox_event_discard(*, event: OutboxEvent) -> OutboxEvent:
+    """Gives up on a FAILED event. The row stays for audit; its key's later events flow on."""
+    if event.status != OutboxEvent.Status.FAILED:
+        raise IllegalTransition(
+            f"Only FAILED events can be discarded; event {event.id} is {event.status}."
+        )
+    updated = OutboxEvent.objects.filter(
+        pk=event.pk, status=OutboxEvent.Status.FAILED, discarded_at__isnull=True
+    ).update(discarded_at=timezone.now())
+    if not updated:
+        raise IllegalTransition(f"Event {event.id} is already discarded.")
+    event.refresh_from_db()
+    return event
+
+
+def outbox_event_replay(*, event: OutboxEvent, new_event_id: bool) -> OutboxEvent:
+    """Publishes a DONE (or discarded) event again.
+
+    With the same event id, consumers recognise the copy and count it as a duplicate; with
+    a new event id they process it again, and the header `replay_of` names the original.
+    """
+    if event.status != OutboxEvent.Status.DONE and event.discarded_at is None:
+        raise IllegalTransition(
+            f"Only published or discarded events can be replayed; event {event.id} is "
+            f"{event.status}: retry it instead."
+        )
+    if new_event_id:
+        with transaction.atomic():
+            return outbox_event_publish(
+                aggregate_type=event.aggregate_type,
+                aggregate_id=event.aggregate_id,
+                event_type=event.event_type,
+                payload=event.payload,
+                topic=event.topic,
+                key=event.key,
+                headers={**event.headers, REPLAY_OF_HEADER: str(event.id)},
+            )
+    previous = (
+        f"replayed by an operator; previously published to partition {event.kafka_partition} "
+        f"at offset {event.kafka_offset} on {event.published_at}"
+        if event.status == OutboxEvent.Status.DONE
+        else "replayed by an operator after being discarded"
+    )
+    # Back into the queue behind the key's current events: a replay is a new publication.
+    with transaction.atomic():
+        updated = (
+            OutboxEvent.objects.filter(pk=event.pk)
+            .filter(Q(status=OutboxEvent.Status.DONE) | Q(discarded_at__isnull=False))
+            .update(
+                status=OutboxEvent.Status.PENDING,
+                attempts=0,
+                last_error=previous,
+                next_attempt_at=timezone.now(),
+                discarded_at=None,
+                locked_until=None,
+                locked_by="",
+                position=Func(Value(POSITION_SEQUENCE), function="nextval"),
+            )
+        )
+    if not updated:
+        raise IllegalTransition(f"Event {event.id} changed meanwhile; nothing to replay.")
+    event.refresh_from_db()
+    return event
+
+
+def outbox_key_release(*, topic: str, key: str) -> int:
+    """Lets a quarantined key flow again: discards its FAILED events and makes an event
+    waiting for its backoff due now. Returns how many events it changed."""
+    now = timezone.now()
+    with transaction.atomic():
+        discarded = OutboxEvent.objects.filter(
+            topic=topic, key=key, status=OutboxEvent.Status.FAILED, discarded_at__isnull=True
+        ).update(discarded_at=now)
+        made_due = OutboxEvent.objects.filter(
+            topic=topic, key=key, status=OutboxEvent.Status.PENDING, next_attempt_at__gt=now
+        ).update(next_attempt_at=now)
+    return discarded + made_due
