@@ -41,6 +41,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # A request's W3C traceparent travels with the events it publishes.
+    "outbox.tracing.TraceContextMiddleware",
 ]
 
 ROOT_URLCONF = "project.urls"
