@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 KAFKA_BROKERS ?= 1
 export KAFKA_BROKERS
 
-.PHONY: venv services-up services-down services-status run test lint format requirements
+.PHONY: venv services-up services-down services-status run test lint format requirements spark-jars bench-analytics
 
 $(VENV)/.installed: requirements.txt
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; the project needs Python 3.11" >&2; exit 1; }
@@ -24,11 +24,21 @@ services-down:
 services-status:
 	@scripts/services.sh status
 
-run: venv
+run: venv spark-jars
 	@scripts/run.sh
 
-test: venv services-up
+test: venv services-up spark-jars
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The PostgreSQL JDBC driver and spark-sql-kafka for the analytics job, into .local/spark-jars.
+spark-jars:
+	@scripts/spark-jars.sh
+
+# Generates 1M events in the database outbox_bench and times the analytics job on them.
+BENCH_EVENTS ?= 1000000
+bench-analytics: venv services-up spark-jars
+	DATABASE_URL=postgres://outbox:outbox@127.0.0.1:5432/outbox_bench \
+	  $(BIN)/python manage.py analytics_bench --events $(BENCH_EVENTS)
 
 lint: venv
 	$(BIN)/ruff check .

@@ -1,6 +1,7 @@
 """Every periodic task, in one place. django-celery-beat's DatabaseScheduler copies these
 entries into its tables, where the admin can pause them."""
 
+from project.settings.analytics import ANALYTICS_INTERVAL_SECONDS
 from project.settings.inbox import INBOX_RETRY_INTERVAL
 from project.settings.outbox import OUTBOX_RELAY_INTERVAL
 
@@ -9,4 +10,8 @@ CELERY_BEAT_SCHEDULE = {
     "outbox-purge-published": {"task": "outbox.tasks.purge_published", "schedule": 3600.0},
     "inbox-retry-due": {"task": "inbox.tasks.retry_due", "schedule": INBOX_RETRY_INTERVAL},
     "inbox-purge-processed": {"task": "inbox.tasks.purge_processed", "schedule": 3600.0},
+    "analytics-run": {
+        "task": "analytics.tasks.run_analytics",
+        "schedule": ANALYTICS_INTERVAL_SECONDS,
+    },
 }
