@@ -1,6 +1,7 @@
 import json
 import re
 import signal
+import uuid
 from collections import Counter, defaultdict
 from datetime import UTC, timedelta
 
@@ -10,10 +11,14 @@ from django.utils import timezone
 
 import outbox
 from outbox.models import OutboxEvent
-from outbox.producer import close_producers
-from outbox.relay import Relay
+from outbox.producer import close_producers, get_producer
+from outbox.relay import Relay, transactional_id_for
 from outbox.selectors import outbox_quarantined_keys
-from outbox.services import outbox_event_retry, outbox_events_purge_published
+from outbox.services import (
+    outbox_event_retry,
+    outbox_events_claim,
+    outbox_events_purge_published,
+)
 from tests.outbox.conftest import (
     consume_all,
     headers_of,
@@ -316,3 +321,45 @@ def test_the_loss_check_catches_a_relay_that_marks_before_the_delivery_report(
     messages = consume_all(kafka_consumer_config, topic, expected=20, timeout=10)
     lost = {str(e.id) for e in events} - {headers_of(m)["event_id"] for m in messages}
     assert len(lost) == 5
+
+
+def test_transactional_mode_fences_a_zombie_relay(
+    kafka_topic, kafka_consumer_config, start_relay, settings
+):
+    settings.OUTBOX_RELAY_TRANSACTIONAL = True
+    slot = f"fence-{uuid.uuid4().hex[:8]}"
+    zombie = Relay(transactional_id=transactional_id_for(slot))
+    topic = kafka_topic(partitions=2)
+    first = publish_events(topic, 10, keys=10)
+    assert zombie.run().published == 10
+
+    # The zombie claims a second batch, then stalls; a successor takes over its slot.
+    second = publish_events(topic, 10, keys=10, start=10)
+    claimed = outbox_events_claim(relay_id=zombie.relay_id, batch_size=100)
+    assert len(claimed) == 10
+    successor = start_relay("--slot", slot, OUTBOX_RELAY_TRANSACTIONAL="true")
+    assert successor.stdout is not None
+    assert "listening" in successor.stdout.readline()
+
+    # The zombie wakes up and publishes: its transaction is fenced, nothing becomes visible,
+    # and its rows go back to PENDING without a penalty.
+    producer = get_producer(transactional_id=zombie.transactional_id)
+    reports, fatal = zombie._publish_in_transaction(producer, claimed)
+    assert fatal
+    assert "FENCED" in producer.fatal_error.name() or "EPOCH" in producer.fatal_error.name()
+    result = zombie._mark(claimed, reports, fatal)
+    assert result.released == 10
+    assert set(
+        OutboxEvent.objects.filter(pk__in=[e.pk for e in second]).values_list("attempts", flat=True)
+    ) == {0}
+
+    wait_until(
+        lambda: not OutboxEvent.objects.exclude(status="DONE").exists(),
+        timeout=60,
+        message="the successor to publish the zombie's batch",
+    )
+    successor.send_signal(signal.SIGTERM)
+    assert successor.wait(30) == 0
+    messages = consume_all(kafka_consumer_config, topic, expected=20)  # read_committed
+    counts = Counter(headers_of(m)["event_id"] for m in messages)
+    assert counts == {str(e.id): 1 for e in first + second}

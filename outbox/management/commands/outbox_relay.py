@@ -15,7 +15,7 @@ import psycopg
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import connection
 
-from outbox.producer import close_producers
+from outbox.producer import close_producers, get_producer
 from outbox.relay import Relay, transactional_id_for
 
 logger = logging.getLogger(__name__)
@@ -44,7 +44,12 @@ class Command(BaseCommand):
             transactional_id=transactional_id_for(options["slot"]),
             batch_size=options["batch_size"],
         )
+        if relay.transactional_id:
+            # Initialising the transactional producer now fences a zombie with the same slot
+            # before this relay reports itself ready.
+            get_producer(transactional_id=relay.transactional_id)
         self.stdout.write(f"outbox relay {relay.relay_id} listening on '{NOTIFY_CHANNEL}'")
+        self.stdout.flush()
         listener = self._listen()
         published = 0
         try:
