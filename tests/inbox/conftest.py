@@ -22,6 +22,7 @@ CREATE TABLE IF NOT EXISTS inbox_test_effect (
     id bigserial PRIMARY KEY,
     consumer_group text NOT NULL,
     event_id text NOT NULL,
+    worker_pid integer NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now()
 )
 """
@@ -51,8 +52,9 @@ def record_effect(*, group: str, event_id: str) -> None:
     event twice shows as two rows."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO inbox_test_effect (consumer_group, event_id) VALUES (%s, %s)",
-            [group, event_id],
+            "INSERT INTO inbox_test_effect (consumer_group, event_id, worker_pid) "
+            "VALUES (%s, %s, %s)",
+            [group, event_id, os.getpid()],
         )
 
 
@@ -61,6 +63,17 @@ def effect_counts(group: str) -> dict[str, int]:
         cursor.execute(
             "SELECT event_id, count(*) FROM inbox_test_effect WHERE consumer_group = %s "
             "GROUP BY event_id",
+            [group],
+        )
+        return dict(cursor.fetchall())
+
+
+def effect_workers(group: str) -> dict[int, int]:
+    """Effects applied per process id."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT worker_pid, count(*) FROM inbox_test_effect WHERE consumer_group = %s "
+            "GROUP BY worker_pid",
             [group],
         )
         return dict(cursor.fetchall())
@@ -144,7 +157,11 @@ def consumer_process(tmp_path: Path) -> Iterator[Callable[..., ConsumerProcess]]
     )
 
     def start(
-        *, group: str, topic: str, extra_args: list[str] | None = None, **env: str
+        *,
+        group: str,
+        topic: str,
+        extra_args: list[str] | None = None,
+        **env: str,
     ) -> ConsumerProcess:
         full_env = {
             **os.environ,

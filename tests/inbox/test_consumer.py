@@ -7,7 +7,6 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from django.test import override_settings
 
 from inbox import handler
-from inbox.config import inbox_consumer_config
 from inbox.models import ConsumerOffset, InboxMessage
 from inbox.registry import HandlerRegistry
 from project.kafka import kafka_connection_config
@@ -312,15 +311,3 @@ def test_a_batch_that_cannot_be_recorded_is_rewound_and_retried(
     assert calls["n"] >= 2
     assert seen == [e.event_id for e in events]
     assert committed_offsets(group, topic) == [3]
-
-
-def test_consumer_configuration_keeps_manual_commits():
-    group = unique_group()
-    with override_settings(
-        INBOX_CONSUMER_CONFIG={"enable.auto.commit": "true", "isolation.level": "read_uncommitted"}
-    ):
-        config = inbox_consumer_config(group=group)
-    assert config["enable.auto.commit"] is False
-    assert config["enable.auto.offset.store"] is False
-    assert config["isolation.level"] == "read_committed"
-    assert config["group.id"] == group

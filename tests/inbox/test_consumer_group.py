@@ -1,0 +1,43 @@
+"""inbox/consumer.py: two consumer processes in one group, with rebalances mid-stream."""
+
+import uuid
+
+import pytest
+
+from inbox.models import InboxMessage
+from tests.inbox.conftest import effect_counts, effect_workers, wait_for
+from tests.inbox.factories import make_events, produce
+from tests.inbox.test_consumer import committed_offsets
+
+pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
+
+EVENTS = 600
+PARTITIONS = 6
+
+
+def test_two_consumers_with_rebalances_process_every_event_exactly_once(
+    consumer_process, kafka_topic, effects
+):
+    topic, group = kafka_topic(partitions=PARTITIONS), f"test-group-{uuid.uuid4().hex[:10]}"
+    events = make_events(EVENTS, event_type="Effect")
+    produce(topic, events)  # keyed by aggregate id: spread over the 6 partitions
+    # Small batches of slowish handlers, so that both rebalances land mid-stream.
+    slow = {"INBOX_BATCH_SIZE": "10", "extra_args": ["--handler-sleep", "0.01"]}
+
+    first = consumer_process(group=group, topic=topic, **slow)
+    wait_for(lambda: len(effect_counts(group)) >= 100, what="the first consumer to start")
+    # A second member joins: the group rebalances and the first gives up some partitions.
+    second = consumer_process(group=group, topic=topic, **slow)
+    wait_for(lambda: len(effect_workers(group)) == 2, what="the second consumer to take part")
+    # The first leaves (SIGTERM): it finishes its batch, commits, and its partitions move over.
+    assert len(effect_counts(group)) < EVENTS, "the run ended before the rebalances"
+    assert first.terminate() == 0, first.output()
+
+    wait_for(lambda: len(effect_counts(group)) == EVENTS, what="every event", timeout=120)
+    assert second.terminate() == 0, second.output()
+
+    counts = effect_counts(group)
+    assert set(counts) == {e.event_id for e in events}
+    assert set(counts.values()) == {1}, "an event was applied twice"
+    assert InboxMessage.objects.filter(consumer_group=group, status="DONE").count() == EVENTS
+    assert sum(committed_offsets(group, topic, PARTITIONS)) == EVENTS

@@ -1,0 +1,72 @@
+"""inbox/registry.py"""
+
+import pytest
+
+from inbox import handler
+from inbox.errors import DuplicateHandler
+from inbox.registry import HandlerRegistry, get_registry, scoped_registry
+
+
+def test_handlers_register_by_group_and_event_type(inbox_registry):
+    @handler(event_type="PaymentCompleted", topic="outbox.event.payment", group="delivery")
+    def ship(message):
+        pass
+
+    @handler(event_type="PaymentCompleted", topic="outbox.event.payment", group="billing")
+    def bill(message):
+        pass
+
+    @handler(event_type="OrderPlaced", topic="outbox.event.order", group="delivery")
+    def prepare(message):
+        pass
+
+    found = inbox_registry.get(group="delivery", event_type="PaymentCompleted")
+    assert found is not None
+    assert found.function is ship
+    assert inbox_registry.get(group="delivery", event_type="Unknown") is None
+    assert inbox_registry.groups() == ["billing", "delivery"]
+    assert inbox_registry.topics("delivery") == ["outbox.event.order", "outbox.event.payment"]
+    assert set(inbox_registry.for_group("delivery")) == {"PaymentCompleted", "OrderPlaced"}
+
+
+def test_two_handlers_for_one_group_and_event_type_are_an_error(inbox_registry):
+    @handler(event_type="PaymentCompleted", topic="payments", group="delivery")
+    def first(message):
+        pass
+
+    with pytest.raises(DuplicateHandler, match="two handlers for 'PaymentCompleted'") as error:
+
+        @handler(event_type="PaymentCompleted", topic="payments", group="delivery")
+        def second(message):
+            pass
+
+    assert error.value.code == "duplicate_handler"
+
+
+def test_the_same_function_registered_again_is_not_a_duplicate(inbox_registry):
+    def ship(message):
+        pass
+
+    handler(event_type="E", topic="t", group="g")(ship)
+    handler(event_type="E", topic="t", group="g")(ship)  # a module imported twice
+    assert len(inbox_registry) == 1
+
+
+def test_a_scoped_registry_does_not_leak():
+    outer = get_registry()
+    with scoped_registry() as inner:
+
+        @handler(event_type="E", topic="t", group="scoped-only")
+        def noop(message):
+            pass
+
+        assert get_registry() is inner
+        assert inner.groups() == ["scoped-only"]
+    assert get_registry() is outer
+    assert "scoped-only" not in outer.groups()
+
+
+def test_a_given_registry_can_be_scoped():
+    registry = HandlerRegistry()
+    with scoped_registry(registry) as active:
+        assert active is registry

@@ -1,0 +1,206 @@
+"""inbox/services.py against PostgreSQL, with records built in memory."""
+
+import datetime as dt
+import time
+
+import pytest
+from confluent_kafka import Message
+from django.db import transaction
+from django.test import override_settings
+from django.utils import timezone
+
+from inbox import handler
+from inbox.errors import ImproperlyConfiguredInbox, InvalidTransition
+from inbox.models import ConsumerOffset, InboxMessage
+from inbox.records import parse_record
+from inbox.services import (
+    inbox_message_record_batch,
+    inbox_message_replay,
+    inbox_message_retry,
+    inbox_messages_purge_processed,
+    inbox_messages_retry_due,
+    retry_delay_seconds,
+)
+from tests.inbox.conftest import effect_counts, record_effect
+from tests.inbox.factories import Event
+
+pytestmark = pytest.mark.django_db
+
+GROUP = "svc"
+
+
+def records(events, *, start=0, topic="t"):
+    return [parse_record(e.message(topic=topic, offset=start + i)) for i, e in enumerate(events)]
+
+
+def record_batch(batch, **kwargs):
+    with transaction.atomic():
+        return inbox_message_record_batch(group=GROUP, records=batch, **kwargs)
+
+
+@pytest.fixture
+def applied(inbox_registry, effects):
+    """A handler for OrderPlaced in GROUP that records an effect; raise_for fails some."""
+    state = {"raise_for": set()}
+
+    @handler(event_type="OrderPlaced", topic="t", group=GROUP)
+    def apply(message):
+        record_effect(group=GROUP, event_id=message.event_id)
+        if message.event_id in state["raise_for"]:
+            raise ValueError(f"cannot apply {message.event_id}")
+
+    return state
+
+
+@pytest.mark.django_db(transaction=True)
+def test_recording_requires_a_transaction(applied):
+    with pytest.raises(InvalidTransition):
+        inbox_message_record_batch(group=GROUP, records=[])
+
+
+def test_new_events_run_and_duplicates_are_counted(applied):
+    a, b = Event(), Event()
+    result = record_batch(records([a, b]))
+    assert (result.inserted, result.processed, result.duplicates) == (2, 2, 0)
+    result = record_batch(records([a, a, b], start=2))
+    assert (result.inserted, result.processed, result.duplicates) == (0, 0, 3)
+    assert effect_counts(GROUP) == {a.event_id: 1, b.event_id: 1}
+    assert InboxMessage.objects.get(event_id=a.event_id).duplicate_count == 2
+
+
+def test_a_failing_handler_rolls_back_its_savepoint_and_schedules_a_retry(applied):
+    bad, good = Event(), Event()
+    applied["raise_for"] = {bad.event_id}
+    before = timezone.now()
+    result = record_batch(records([bad, good]))
+    assert (result.processed, result.failed) == (1, 1)
+    assert effect_counts(GROUP) == {good.event_id: 1}  # bad's effect rolled back
+    row = InboxMessage.objects.get(event_id=bad.event_id)
+    assert row.status == InboxMessage.Status.PENDING
+    assert row.attempts == 1
+    assert row.last_error.startswith("builtins.ValueError: cannot apply")
+    assert "Traceback" not in row.last_error
+    assert "line " in row.last_error
+    assert row.next_attempt_at is not None
+    assert row.next_attempt_at > before
+
+
+def test_retries_back_off_until_the_row_fails(applied):
+    bad = Event()
+    applied["raise_for"] = {bad.event_id}
+    with override_settings(INBOX_MAX_ATTEMPTS=3):
+        record_batch(records([bad]))
+        row = InboxMessage.objects.get(event_id=bad.event_id)
+        # Not due yet: the retry task leaves it alone.
+        assert inbox_messages_retry_due(limit=10)["done"] == 0
+        for attempts in (2, 3):
+            InboxMessage.objects.filter(pk=row.pk).update(next_attempt_at=timezone.now())
+            inbox_message_retry(message_id=row.pk)
+            row.refresh_from_db()
+            assert row.attempts == attempts
+    assert row.status == InboxMessage.Status.FAILED
+    assert row.next_attempt_at is None
+    assert effect_counts(GROUP) == {}
+
+    applied["raise_for"] = set()
+    inbox_message_replay(message=row)
+    assert inbox_messages_retry_due(limit=10) == {
+        "done": 1,
+        "pending": 0,
+        "failed": 0,
+        "skipped": 0,
+    }
+    row.refresh_from_db()
+    assert row.status == InboxMessage.Status.DONE
+    assert effect_counts(GROUP) == {bad.event_id: 1}
+
+
+@override_settings(INBOX_RETRY_BASE_SECONDS=2.0, INBOX_RETRY_MAX_SECONDS=60.0)
+def test_backoff_is_exponential_with_jitter_and_capped():
+    for attempts, full in ((1, 2.0), (2, 4.0), (3, 8.0), (10, 60.0)):
+        delays = [retry_delay_seconds(attempts=attempts) for _ in range(50)]
+        assert all(full / 2 <= d <= full for d in delays)
+        assert len(set(delays)) > 1
+
+
+def test_only_failed_rows_with_json_can_be_replayed(applied):
+    record_batch(records([Event()]))
+    done = InboxMessage.objects.get()
+    with pytest.raises(InvalidTransition, match="Only FAILED"):
+        inbox_message_replay(message=done)
+    not_json = Message(topic="t", partition=0, offset=9, value=b"zz", headers=[("event_id", b"e9")])
+    record_batch([parse_record(not_json)])
+    with pytest.raises(InvalidTransition, match="not JSON"):
+        inbox_message_replay(message=InboxMessage.objects.get(offset=9))
+
+
+def test_a_retry_without_a_handler_counts_as_a_failed_attempt(applied):
+    event = Event(event_type="Gone")
+    with override_settings(INBOX_UNKNOWN_EVENT_TYPE="fail"):
+        record_batch(records([event]))
+    row = InboxMessage.objects.get()
+    assert row.status == InboxMessage.Status.FAILED
+    InboxMessage.objects.filter(pk=row.pk).update(status="PENDING", next_attempt_at=timezone.now())
+    inbox_message_retry(message_id=row.pk)
+    row.refresh_from_db()
+    assert row.attempts == 1
+    assert row.last_error.startswith("inbox.errors.NoHandlerForRetry")
+
+
+def test_handlers_not_started_by_the_deadline_are_left_to_the_retry_task(applied):
+    events = [Event(), Event()]
+    result = record_batch(records(events), deadline=time.monotonic() - 1)
+    assert (result.processed, result.deferred) == (0, 2)
+    assert effect_counts(GROUP) == {}
+    rows = InboxMessage.objects.all()
+    assert {(r.status, r.attempts) for r in rows} == {("PENDING", 0)}
+    assert all(r.next_attempt_at <= timezone.now() for r in rows)
+    assert inbox_messages_retry_due(limit=10)["done"] == 2
+    assert effect_counts(GROUP) == {e.event_id: 1 for e in events}
+
+
+def test_without_deduplication_a_redelivery_runs_again(applied):
+    event = Event()
+    record_batch(records([event]), deduplicate=False)
+    result = record_batch(records([event], start=1), deduplicate=False)
+    assert (result.duplicates, result.processed) == (1, 1)
+    assert effect_counts(GROUP) == {event.event_id: 2}
+
+
+def test_exactly_once_skips_offsets_already_applied(applied):
+    events = [Event() for _ in range(4)]
+    result = record_batch(records(events[:2]), exactly_once=True, deduplicate=False)
+    assert result.processed == 2
+    assert ConsumerOffset.objects.get(consumer_group=GROUP).next_offset == 2
+    # Offsets 0-1 again (a redelivery), then 2-3: only the new offsets run.
+    result = record_batch(records(events), exactly_once=True, deduplicate=False)
+    assert (result.skipped, result.processed) == (2, 2)
+    assert effect_counts(GROUP) == {e.event_id: 1 for e in events}
+    assert ConsumerOffset.objects.get(consumer_group=GROUP).next_offset == 4
+
+
+def test_an_invalid_unknown_event_type_setting_is_refused(applied):
+    with pytest.raises(ImproperlyConfiguredInbox):
+        record_batch(records([Event()]), unknown_event_type="explode")
+
+
+def test_purge_deletes_old_done_rows_in_bounded_batches(applied):
+    record_batch(records([Event() for _ in range(5)]))
+    old = timezone.now() - dt.timedelta(days=30)
+    InboxMessage.objects.update(processed_at=old)
+    failed = InboxMessage.objects.first()
+    assert failed is not None
+    InboxMessage.objects.filter(pk=failed.pk).update(status="FAILED")
+
+    assert inbox_messages_purge_processed(batch_size=2, max_batches=1) == 2
+    assert InboxMessage.objects.count() == 3
+    assert inbox_messages_purge_processed(batch_size=2, max_batches=10) == 2
+    # FAILED rows wait for an operator, whatever their age.
+    assert list(InboxMessage.objects.values_list("status", flat=True)) == ["FAILED"]
+
+
+def test_purge_keeps_rows_younger_than_the_retention(applied):
+    record_batch(records([Event()]))
+    with override_settings(INBOX_RETENTION_DAYS=14):
+        assert inbox_messages_purge_processed() == 0
+    assert InboxMessage.objects.count() == 1
