@@ -531,3 +531,36 @@ def inbox_messages_purge_processed(
         if count < batch_size:
             break
     return deleted
+
+
+# --- the console: bulk repairs -------------------------------------------------------------------
+
+
+def _replayable_failed(message_ids: Sequence[int]) -> Any:
+    # A value that is not JSON can never be handled (see inbox_message_replay).
+    return InboxMessage.objects.filter(pk__in=list(message_ids), status=FAILED).exclude(
+        payload__isnull=True, raw_value_encoding__gt=""
+    )
+
+
+def inbox_messages_replay(*, message_ids: Sequence[int]) -> int:
+    """inbox_message_replay() for many rows: FAILED rows whose value is JSON get a fresh
+    retry budget and are due now. Returns how many changed."""
+    if not message_ids:
+        return 0
+    return _replayable_failed(message_ids).update(
+        status=PENDING, attempts=0, next_attempt_at=timezone.now()
+    )
+
+
+def inbox_messages_retry(*, message_ids: Sequence[int]) -> int:
+    """Makes rows run again now: a PENDING row waiting for its backoff becomes due, a FAILED
+    row is replayed (fresh retry budget). DONE rows are left alone. Returns how many changed."""
+    if not message_ids:
+        return 0
+    with transaction.atomic():
+        made_due = InboxMessage.objects.filter(
+            pk__in=list(message_ids), status=PENDING, next_attempt_at__gt=timezone.now()
+        ).update(next_attempt_at=timezone.now())
+        replayed = inbox_messages_replay(message_ids=message_ids)
+    return made_due + replayed

@@ -488,3 +488,93 @@ def outbox_key_release(*, topic: str, key: str) -> int:
             topic=topic, key=key, status=OutboxEvent.Status.PENDING, next_attempt_at__gt=now
         ).update(next_attempt_at=now)
     return discarded + made_due
+
+
+# --- the console: bulk repairs and the audit log -----------------------------------------------
+# A bulk repair changes the rows its single-row counterpart would, in one statement per chunk:
+# the console runs it over ids frozen when the operator submitted.
+
+from django.db.models import F  # noqa: E402
+from django.db.models.functions import Greatest  # noqa: E402
+
+from outbox.models import OperatorAction  # noqa: E402
+
+
+def outbox_events_retry(*, event_ids: Sequence[uuid.UUID | str]) -> int:
+    """outbox_event_retry() for many events: the ones not DONE and not discarded are sent
+    again now, with a fresh set of attempts. Returns how many changed."""
+    if not event_ids:
+        return 0
+    return (
+        OutboxEvent.objects.filter(pk__in=list(event_ids), discarded_at__isnull=True)
+        .exclude(status=OutboxEvent.Status.DONE)
+        .update(
+            status=OutboxEvent.Status.PENDING,
+            attempts=0,
+            next_attempt_at=timezone.now(),
+            locked_until=None,
+            locked_by="",
+            updated_at=timezone.now(),
+        )
+    )
+
+
+def outbox_events_discard(*, event_ids: Sequence[uuid.UUID | str]) -> int:
+    """outbox_event_discard() for many events: FAILED ones are kept for audit, discarded."""
+    if not event_ids:
+        return 0
+    return OutboxEvent.objects.filter(
+        pk__in=list(event_ids), status=OutboxEvent.Status.FAILED, discarded_at__isnull=True
+    ).update(discarded_at=timezone.now(), updated_at=timezone.now())
+
+
+def outbox_events_replay(*, event_ids: Sequence[uuid.UUID | str], new_event_id: bool) -> int:
+    """outbox_event_replay() for each DONE or discarded event; others are skipped."""
+    replayed = 0
+    events = OutboxEvent.objects.filter(pk__in=list(event_ids)).filter(
+        Q(status=OutboxEvent.Status.DONE) | Q(discarded_at__isnull=False)
+    )
+    for event in events.order_by("position"):
+        try:
+            outbox_event_replay(event=event, new_event_id=new_event_id)
+        except IllegalTransition:
+            continue  # changed by someone else meanwhile
+        replayed += 1
+    return replayed
+
+
+def operator_action_record(
+    *,
+    user: Any,
+    action: str,
+    model: str,
+    source: str,
+    requested: int,
+    changed: int = 0,
+    object_ids: Sequence[Any] = (),
+    filters: Mapping[str, Any] | None = None,
+    note: str = "",
+    chunks_pending: int = 0,
+) -> OperatorAction:
+    """Writes one entry of the console's audit log."""
+    return OperatorAction.objects.create(
+        user=user if getattr(user, "pk", None) else None,
+        username=getattr(user, "get_username", lambda: "")() or "anonymous",
+        action=action,
+        model=model,
+        source=source,
+        requested=requested,
+        changed=changed,
+        object_ids=[str(value) for value in list(object_ids)[: OperatorAction.MAX_STORED_IDS]],
+        filters=dict(filters or {}),
+        note=note,
+        chunks_pending=chunks_pending,
+    )
+
+
+def operator_action_add_progress(*, action_id: int, changed: int, chunks_done: int = 0) -> None:
+    """Adds the rows a chunk of a queued action changed, and counts the chunk as done."""
+    OperatorAction.objects.filter(pk=action_id).update(
+        changed=F("changed") + changed,
+        chunks_pending=Greatest(F("chunks_pending") - chunks_done, Value(0)),
+    )

@@ -1,8 +1,14 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 from django.views.generic import RedirectView
+
+from project.health import health_view
+from project.metrics import metrics_view
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="admin:index", permanent=False)),
     path("admin/", admin.site.urls),
+    path("api/", include("project.api.urls")),
+    path("metrics", metrics_view, name="metrics"),
+    path("health/", health_view, name="health"),
 ]

@@ -1,8 +1,10 @@
 """Settings shared by every environment. Integration settings live in their own modules."""
 
 from project.settings.analytics import *  # noqa: F403
+from project.settings.api import *  # noqa: F403
 from project.settings.celery import *  # noqa: F403
 from project.settings.database import *  # noqa: F403
+from project.settings.demo import *  # noqa: F403
 from project.settings.environment import BASE_DIR, env
 from project.settings.inbox import *  # noqa: F403
 from project.settings.kafka import *  # noqa: F403
@@ -27,6 +29,12 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_celery_beat",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "health_check",
     "outbox",
     "inbox",
     "analytics",
@@ -37,6 +45,8 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
+    # API request bodies over DATA_UPLOAD_MAX_MEMORY_SIZE get 413 and a JSON error.
+    "project.api.middleware.BodySizeLimitMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -94,4 +104,6 @@ LOGGING = {
 UNFOLD = {
     "SITE_TITLE": "Event delivery",
     "SITE_HEADER": "Event delivery",
+    # The dashboard: counts, rates, failures, quarantined keys, consumer lag, health.
+    "DASHBOARD_CALLBACK": "project.dashboard.dashboard_callback",
 }

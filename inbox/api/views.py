@@ -1,0 +1,121 @@
+from typing import Any
+
+from django.db.models import QuerySet
+from drf_spectacular.utils import extend_schema
+from rest_framework import viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.throttling import BaseThrottle
+
+from inbox.api.filters import InboxMessageFilter
+from inbox.api.serializers import (
+    ActionInputSerializer,
+    BulkInputSerializer,
+    InboxMessageDetailSerializer,
+    InboxMessageListSerializer,
+)
+from inbox.models import InboxMessage
+from outbox.api.serializers import BulkResultSerializer
+from outbox.models import OperatorAction
+from project.api.bulk import bulk_response
+from project.api.exceptions import ConsoleAPIError
+from project.api.pagination import ConsoleCursorPagination
+from project.operations import inbox_message_action
+
+Action = OperatorAction.Action
+VIEW = ["inbox.view_inboxmessage"]
+RETRY = ["outbox.retry_inboxmessage"]
+REPLAY = ["outbox.replay_inboxmessage"]
+ACTIONS = {"retry", "replay", "bulk_retry", "bulk_replay"}
+
+
+class InboxCursorPagination(ConsoleCursorPagination):
+    ordering = "-received_at"
+
+
+class InboxMessageViewSet(viewsets.ReadOnlyModelViewSet):
+    """Inbox messages of every consumer group: list, detail, retry and replay."""
+
+    queryset = InboxMessage.objects.all()
+    filterset_class = InboxMessageFilter
+    pagination_class = InboxCursorPagination
+    required_permissions = {
+        "list": VIEW,
+        "retrieve": VIEW,
+        "retry": [*VIEW, *RETRY],
+        "bulk_retry": [*VIEW, *RETRY],
+        "replay": [*VIEW, *REPLAY],
+        "bulk_replay": [*VIEW, *REPLAY],
+    }
+
+    def get_queryset(self) -> QuerySet[InboxMessage]:
+        messages = InboxMessage.objects.all()
+        if self.action == "list":
+            messages = messages.defer("payload", "headers", "raw_value")
+        return messages
+
+    def get_serializer_class(self) -> Any:
+        return InboxMessageListSerializer if self.action == "list" else InboxMessageDetailSerializer
+
+    def get_throttles(self) -> list[BaseThrottle]:
+        self.throttle_scope = "actions" if self.action in ACTIONS else ""
+        return super().get_throttles()
+
+    def get_object(self) -> InboxMessage:
+        value = str(self.kwargs.get("pk", ""))
+        if not value.isdigit():
+            raise ConsoleAPIError(
+                "invalid_id", f"{value!r} is not a message id; message ids are integers."
+            )
+        message: InboxMessage = super().get_object()
+        return message
+
+    def _single(self, request: Request, action_name: str) -> Response:
+        serializer = ActionInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        message = inbox_message_action(
+            user=request.user,
+            message=self.get_object(),
+            action=action_name,
+            source="api",
+            note=serializer.validated_data["note"],
+        )
+        return Response(InboxMessageDetailSerializer(message).data)
+
+    @extend_schema(request=ActionInputSerializer, responses=InboxMessageDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def retry(self, request: Request, pk: str | None = None) -> Response:
+        """Runs a FAILED or backing-off PENDING message again now (by the retry task)."""
+        return self._single(request, Action.INBOX_RETRY)
+
+    @extend_schema(request=ActionInputSerializer, responses=InboxMessageDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def replay(self, request: Request, pk: str | None = None) -> Response:
+        """Gives a FAILED message a fresh retry budget, due now."""
+        return self._single(request, Action.INBOX_REPLAY)
+
+    def _bulk(self, request: Request, action_name: str) -> Response:
+        serializer = BulkInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        return Response(
+            bulk_response(
+                request=request,
+                action=action_name,
+                data=dict(serializer.validated_data),
+                filterset_class=InboxMessageFilter,
+                queryset=InboxMessage.objects.all(),
+            )
+        )
+
+    @extend_schema(request=BulkInputSerializer, responses=BulkResultSerializer)
+    @action(detail=False, methods=["post"], url_path="bulk/retry")
+    def bulk_retry(self, request: Request) -> Response:
+        """Retries the messages named by ids or by filter; dry_run only counts them."""
+        return self._bulk(request, Action.INBOX_RETRY)
+
+    @extend_schema(request=BulkInputSerializer, responses=BulkResultSerializer)
+    @action(detail=False, methods=["post"], url_path="bulk/replay")
+    def bulk_replay(self, request: Request) -> Response:
+        """Replays the FAILED messages named by ids or by filter; dry_run only counts them."""
+        return self._bulk(request, Action.INBOX_REPLAY)

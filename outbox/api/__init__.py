@@ -1,0 +1,1 @@
+"""REST API of the outbox: /api/outbox/events/."""

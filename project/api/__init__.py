@@ -1,0 +1,1 @@
+"""Pieces every API of the console shares: errors, pagination, permissions, filtering."""

@@ -1,0 +1,13 @@
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from project.api.views import ConsumerLagView, StatsSummaryView
+
+urlpatterns = [
+    path("outbox/", include("outbox.api.urls")),
+    path("inbox/", include("inbox.api.urls")),
+    path("stats/summary/", StatsSummaryView.as_view(), name="stats-summary"),
+    path("stats/consumer-lag/", ConsumerLagView.as_view(), name="stats-consumer-lag"),
+    path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+]

@@ -1,0 +1,45 @@
+"""Stats of the console: /api/stats/summary/ and /api/stats/consumer-lag/."""
+
+from datetime import timedelta
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from project.selectors import console_summary, consumer_lag, latest_analytics, rate_series
+
+VIEW_BOTH = ["outbox.view_outboxevent", "inbox.view_inboxmessage"]
+
+
+class StatsSummaryView(APIView):
+    """Counts by status, the oldest pending event's age, publish and consume rates over the
+    last hour, failures by error class, and the latest analytics results when present."""
+
+    required_permissions = {"*": VIEW_BOTH}
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        summary: dict[str, Any] = console_summary()
+        hour = rate_series(period=timedelta(hours=1), bucket=timedelta(minutes=5))
+        summary["rates_last_hour"] = {
+            "bucket_seconds": 300,
+            "labels": hour.labels,
+            "published": hour.published,
+            "consumed": hour.consumed,
+        }
+        summary["analytics"] = latest_analytics()
+        return Response(summary)
+
+
+class ConsumerLagView(APIView):
+    """Committed offset against high watermark per consumer group, topic and partition, read
+    from Kafka with a short timeout; `reachable` is false when Kafka does not answer."""
+
+    required_permissions = {"*": ["inbox.view_inboxmessage"]}
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        return Response(consumer_lag().as_dict())

@@ -1,0 +1,78 @@
+"""/metrics for Prometheus: this process's counters and histograms (outbox.metrics,
+inbox.metrics), plus gauges read from the database at scrape time, so that every process
+reports the same backlog whatever did the work."""
+
+import contextlib
+import hmac
+from collections.abc import Iterator
+
+from django.conf import settings
+from django.db import DatabaseError
+from django.http import HttpRequest, HttpResponse
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from inbox.models import InboxMessage
+from outbox.models import OutboxEvent
+from outbox.selectors import outbox_oldest_pending_age_seconds
+from project.selectors import status_counts
+
+
+class DatabaseBacklogCollector(Collector):
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        # Names only: registration must not query the database (it happens at import).
+        yield GaugeMetricFamily("outbox_events", "", labels=["status"])
+        yield GaugeMetricFamily("inbox_messages", "", labels=["status"])
+        yield GaugeMetricFamily("outbox_oldest_pending_age_seconds", "")
+        yield GaugeMetricFamily("console_database_up", "")
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            outbox = status_counts(OutboxEvent)
+            inbox = status_counts(InboxMessage)
+            oldest = outbox_oldest_pending_age_seconds()
+        except DatabaseError:
+            up = GaugeMetricFamily("console_database_up", "The database answered the scrape.")
+            up.add_metric([], 0)
+            yield up
+            return
+        events = GaugeMetricFamily(
+            "outbox_events",
+            "Outbox rows by status (DONE estimated on big tables).",
+            labels=["status"],
+        )
+        for status, count in outbox.counts.items():
+            events.add_metric([status], count)
+        yield events
+        messages = GaugeMetricFamily(
+            "inbox_messages",
+            "Inbox rows by status (DONE estimated on big tables).",
+            labels=["status"],
+        )
+        for status, count in inbox.counts.items():
+            messages.add_metric([status], count)
+        yield messages
+        age = GaugeMetricFamily(
+            "outbox_oldest_pending_age_seconds", "Age of the oldest PENDING outbox event (0: none)."
+        )
+        age.add_metric([], oldest or 0.0)
+        yield age
+        up = GaugeMetricFamily("console_database_up", "The database answered the scrape.")
+        up.add_metric([], 1)
+        yield up
+
+
+_collector = DatabaseBacklogCollector()
+# A second import of this module (under another name) finds it registered already.
+with contextlib.suppress(ValueError):
+    REGISTRY.register(_collector)
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    token = settings.METRICS_TOKEN
+    if token:
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            return HttpResponse("A bearer token is required.\n", status=401)
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,270 @@
+"""Operator actions, shared by the admin and the API: each checks its permission, calls the
+app's services, and writes the audit log. Large sets are frozen at submit and run in chunks
+by a thin Celery task (registered in workers through CELERY_IMPORTS)."""
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from celery import shared_task
+from django.conf import settings
+from django.db import OperationalError, transaction
+from django.db.models import Model, QuerySet
+
+from inbox.models import InboxMessage
+from inbox.services import inbox_message_replay, inbox_messages_replay, inbox_messages_retry
+from outbox.models import OperatorAction, OutboxEvent
+from outbox.services import (
+    operator_action_add_progress,
+    operator_action_record,
+    outbox_event_discard,
+    outbox_event_replay,
+    outbox_event_retry,
+    outbox_events_discard,
+    outbox_events_replay,
+    outbox_events_retry,
+    outbox_key_release,
+)
+
+Action = OperatorAction.Action
+
+
+class ConsoleError(Exception):
+    code = "console_error"
+
+
+class BulkTooLarge(ConsoleError):
+    code = "bulk_too_large"
+
+
+class NotPermitted(ConsoleError):
+    code = "permission_denied"
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    model: type[Model]
+    permission: str
+    # Applies the action to a chunk of ids; returns how many rows changed.
+    apply: Callable[[Sequence[Any]], int]
+
+
+ACTIONS: dict[str, ActionSpec] = {
+    Action.OUTBOX_RETRY: ActionSpec(
+        OutboxEvent,
+        "outbox.retry_outboxevent",
+        lambda ids: outbox_events_retry(event_ids=ids),
+    ),
+    Action.OUTBOX_DISCARD: ActionSpec(
+        OutboxEvent,
+        "outbox.discard_outboxevent",
+        lambda ids: outbox_events_discard(event_ids=ids),
+    ),
+    Action.OUTBOX_REPLAY: ActionSpec(
+        OutboxEvent,
+        "outbox.replay_outboxevent",
+        lambda ids: outbox_events_replay(event_ids=ids, new_event_id=False),
+    ),
+    Action.OUTBOX_REPLAY_NEW_ID: ActionSpec(
+        OutboxEvent,
+        "outbox.replay_outboxevent",
+        lambda ids: outbox_events_replay(event_ids=ids, new_event_id=True),
+    ),
+    Action.INBOX_RETRY: ActionSpec(
+        InboxMessage,
+        "outbox.retry_inboxmessage",
+        lambda ids: inbox_messages_retry(message_ids=ids),
+    ),
+    Action.INBOX_REPLAY: ActionSpec(
+        InboxMessage,
+        "outbox.replay_inboxmessage",
+        lambda ids: inbox_messages_replay(message_ids=ids),
+    ),
+}
+RELEASE_KEY_PERMISSION = "outbox.release_outboxkey"
+
+
+def model_label(model: type[Model]) -> str:
+    return model._meta.label
+
+
+def require_permission(user: Any, permission: str) -> None:
+    if not user.has_perm(permission):
+        raise NotPermitted(f"This action needs the permission {permission!r}.")
+
+
+def _jsonable(value: Any) -> Any:
+    return str(value) if isinstance(value, uuid.UUID) else value
+
+
+def bulk_action_count(queryset: QuerySet) -> int:
+    """The rows a bulk action over `queryset` would touch (a dry run)."""
+    return queryset.count()
+
+
+def bulk_action_run(
+    *,
+    user: Any,
+    action: str,
+    source: str,
+    queryset: QuerySet | None = None,
+    ids: Sequence[Any] | None = None,
+    filters: dict[str, Any] | None = None,
+    note: str = "",
+) -> OperatorAction:
+    """Runs `action` over the rows of `queryset` (or `ids`), frozen now.
+
+    Up to CONSOLE_BULK_CHUNK_SIZE rows run here; a larger set is queued as chunks of ids for
+    the Celery task below, and its audit row counts the changed rows as the chunks finish.
+    """
+    spec = ACTIONS[action]
+    require_permission(user, spec.permission)
+    limit = settings.CONSOLE_BULK_MAX_ROWS
+    if queryset is not None:
+        frozen = list(queryset.order_by().values_list("pk", flat=True)[: limit + 1])
+    else:
+        frozen = list(ids or [])
+    if len(frozen) > limit:
+        raise BulkTooLarge(
+            f"The selection has more than {limit} rows (CONSOLE_BULK_MAX_ROWS); narrow the "
+            "filter, e.g. by date range, and run the action once per part."
+        )
+    chunk_size = settings.CONSOLE_BULK_CHUNK_SIZE
+    chunks = [frozen[start : start + chunk_size] for start in range(0, len(frozen), chunk_size)]
+    common = {
+        "user": user,
+        "action": action,
+        "model": model_label(spec.model),
+        "source": source,
+        "requested": len(frozen),
+        "object_ids": [_jsonable(value) for value in frozen],
+        "filters": filters or {},
+        "note": note,
+    }
+    if len(chunks) <= 1:
+        with transaction.atomic():
+            changed = spec.apply(frozen) if frozen else 0
+            return operator_action_record(**common, changed=changed)
+    record = operator_action_record(**common, chunks_pending=len(chunks))
+
+    def enqueue() -> None:
+        for chunk in chunks:
+            apply_action_chunk.delay(record.pk, [_jsonable(value) for value in chunk])
+
+    transaction.on_commit(enqueue)
+    return record
+
+
+def bulk_action_apply_chunk(*, action_id: int, object_ids: Sequence[Any]) -> int:
+    """Applies a queued action to one chunk of its frozen ids and records the progress."""
+    record = OperatorAction.objects.get(pk=action_id)
+    spec = ACTIONS[record.action]
+    with transaction.atomic():
+        changed = spec.apply(object_ids)
+        operator_action_add_progress(action_id=action_id, changed=changed, chunks_done=1)
+    return changed
+
+
+@shared_task(
+    name="console.apply_action_chunk",
+    ignore_result=True,
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    max_retries=5,
+)
+def apply_action_chunk(action_id: int, object_ids: list[Any]) -> int:
+    return bulk_action_apply_chunk(action_id=action_id, object_ids=object_ids)
+
+
+# --- single rows -------------------------------------------------------------------------------
+
+
+def outbox_event_action(
+    *,
+    user: Any,
+    event: OutboxEvent,
+    action: str,
+    source: str,
+    note: str = "",
+) -> OutboxEvent:
+    """Retries, discards or replays one event through its service, and logs it. Returns the
+    event as it now is (for a replay with a new event id: the new event)."""
+    spec = ACTIONS[action]
+    require_permission(user, spec.permission)
+    with transaction.atomic():
+        if action == Action.OUTBOX_RETRY:
+            result = outbox_event_retry(event=event)
+        elif action == Action.OUTBOX_DISCARD:
+            result = outbox_event_discard(event=event)
+        elif action in (Action.OUTBOX_REPLAY, Action.OUTBOX_REPLAY_NEW_ID):
+            result = outbox_event_replay(
+                event=event, new_event_id=action == Action.OUTBOX_REPLAY_NEW_ID
+            )
+        else:
+            raise ValueError(f"{action} is not an action on one outbox event")
+        operator_action_record(
+            user=user,
+            action=action,
+            model=model_label(OutboxEvent),
+            source=source,
+            requested=1,
+            changed=1,
+            object_ids=[str(event.pk)] + ([str(result.pk)] if result.pk != event.pk else []),
+            note=note,
+        )
+    return result
+
+
+def inbox_message_action(
+    *, user: Any, message: InboxMessage, action: str, source: str, note: str = ""
+) -> InboxMessage:
+    """Retries or replays one inbox message, and logs it."""
+    spec = ACTIONS[action]
+    require_permission(user, spec.permission)
+    with transaction.atomic():
+        if action == Action.INBOX_REPLAY:
+            message = inbox_message_replay(message=message)
+            changed = 1
+        elif action == Action.INBOX_RETRY:
+            changed = inbox_messages_retry(message_ids=[message.pk])
+            if not changed:
+                from inbox.errors import InvalidTransition
+
+                raise InvalidTransition(
+                    f"Message {message.pk} is {message.status}: only FAILED messages and "
+                    "PENDING ones waiting for a retry can be retried."
+                )
+            message.refresh_from_db()
+        else:
+            raise ValueError(f"{action} is not an action on one inbox message")
+        operator_action_record(
+            user=user,
+            action=action,
+            model=model_label(InboxMessage),
+            source=source,
+            requested=1,
+            changed=changed,
+            object_ids=[message.pk],
+            note=note,
+        )
+    return message
+
+
+def outbox_key_release_action(
+    *, user: Any, topic: str, key: str, source: str, note: str = ""
+) -> OperatorAction:
+    """Releases a quarantined key and logs it; the entry's `changed` counts the events."""
+    require_permission(user, RELEASE_KEY_PERMISSION)
+    with transaction.atomic():
+        changed = outbox_key_release(topic=topic, key=key)
+        return operator_action_record(
+            user=user,
+            action=Action.OUTBOX_KEY_RELEASE,
+            model=model_label(OutboxEvent),
+            source=source,
+            requested=1,
+            changed=changed,
+            filters={"topic": topic, "key": key},
+            note=note,
+        )

@@ -1,0 +1,80 @@
+"""The operators' console: REST API, OpenAPI, throttling, body limits, health checks, metrics."""
+
+from project.settings.environment import env
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": (
+        "rest_framework.authentication.SessionAuthentication",
+        "rest_framework.authentication.TokenAuthentication",
+    ),
+    # Every endpoint needs a user; reads need the model's view permission, actions their own.
+    "DEFAULT_PERMISSION_CLASSES": ("project.api.permissions.ConsolePermission",),
+    "DEFAULT_PAGINATION_CLASS": "project.api.pagination.ConsoleCursorPagination",
+    "PAGE_SIZE": env.int("API_PAGE_SIZE", default=50),
+    "DEFAULT_FILTER_BACKENDS": ("project.api.filters.StrictFilterBackend",),
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "project.api.exceptions.api_exception_handler",
+    "DEFAULT_RENDERER_CLASSES": (
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ),
+    "DEFAULT_THROTTLE_CLASSES": (
+        "rest_framework.throttling.AnonRateThrottle",
+        "rest_framework.throttling.UserRateThrottle",
+        "rest_framework.throttling.ScopedRateThrottle",
+    ),
+    "DEFAULT_THROTTLE_RATES": {
+        "anon": env("API_THROTTLE_ANON", default="30/minute"),
+        "user": env("API_THROTTLE_USER", default="1200/minute"),
+        # Actions that change rows, bulk ones included.
+        "actions": env("API_THROTTLE_ACTIONS", default="120/minute"),
+    },
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Event delivery console API",
+    "DESCRIPTION": (
+        "Outbox events and inbox messages: lists, details, and the operators' repairs "
+        "(retry, discard, replay), singly and in bulk by filter."
+    ),
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    # Swagger UI from drf-spectacular-sidecar's static files: no CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# Request bodies above this many bytes get 413 with a JSON error (API) or 400 (elsewhere).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=256 * 1024)
+# An API bulk request may name at most this many ids; larger sets go by filter.
+API_BULK_MAX_IDS = env.int("API_BULK_MAX_IDS", default=1000)
+
+# Bulk actions run synchronously up to one chunk; larger sets are frozen into chunks of this
+# many ids, each a Celery task (project.operations), tracked in the audit log.
+CONSOLE_BULK_CHUNK_SIZE = env.int("CONSOLE_BULK_CHUNK_SIZE", default=1000)
+# A bulk action refuses a filter that matches more rows than this; narrow the filter.
+CONSOLE_BULK_MAX_ROWS = env.int("CONSOLE_BULK_MAX_ROWS", default=1_000_000)
+# Lists count exactly up to this many matches and show "more than" beyond; an unfiltered
+# list shows PostgreSQL's estimate of the table's size.
+CONSOLE_COUNT_LIMIT = env.int("CONSOLE_COUNT_LIMIT", default=10_000)
+# Kafka calls of the dashboard and the lag endpoint give up after this long.
+CONSOLE_KAFKA_TIMEOUT_SECONDS = env.float("CONSOLE_KAFKA_TIMEOUT_SECONDS", default=2.0)
+# Consumer groups whose lag is shown, besides the groups with handlers in this process.
+CONSOLE_CONSUMER_GROUPS: list[str] = env.list("CONSOLE_CONSUMER_GROUPS", default=[])
+# Lag and health of Kafka are cached this long, so a refreshing dashboard does not hammer it.
+CONSOLE_KAFKA_CACHE_SECONDS = env.float("CONSOLE_KAFKA_CACHE_SECONDS", default=5.0)
+# Health colours: amber past the first number, red past the second.
+CONSOLE_BEAT_STALE_SECONDS = env.list(
+    "CONSOLE_BEAT_STALE_SECONDS", cast=float, default=[30.0, 300.0]
+)
+CONSOLE_PENDING_AGE_SECONDS = env.list(
+    "CONSOLE_PENDING_AGE_SECONDS", cast=float, default=[60.0, 600.0]
+)
+# /metrics needs `Authorization: Bearer <token>` when this is set.
+METRICS_TOKEN = env("METRICS_TOKEN", default="")
+
+# The console's chunk tasks are registered in every worker.
+CELERY_IMPORTS = ("project.operations",)

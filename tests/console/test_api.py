@@ -1,0 +1,422 @@
+"""The REST API: authentication, a permission per action, filters, bulk dry runs, bad input,
+and JSON errors with a code and a message."""
+
+import json
+import uuid
+
+import pytest
+from django.contrib.auth.models import User
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from inbox.models import InboxMessage
+from outbox.models import OperatorAction, OutboxEvent
+from tests.console.conftest import VIEW_PERMISSIONS, client_for
+
+pytestmark = pytest.mark.django_db
+
+EVENTS = "/api/outbox/events/"
+MESSAGES = "/api/inbox/messages/"
+
+READ_ENDPOINTS = [
+    EVENTS,
+    MESSAGES,
+    "/api/stats/summary/",
+    "/api/stats/consumer-lag/",
+    "/api/schema/",
+    "/api/docs/",
+]
+
+
+@pytest.mark.parametrize("url", READ_ENDPOINTS)
+def test_anonymous_requests_are_refused(api, url):
+    response = api.get(url)
+    assert response.status_code in (401, 403)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"{EVENTS}bulk/retry/",
+        f"{EVENTS}bulk/discard/",
+        f"{EVENTS}bulk/replay/",
+        f"{EVENTS}keys/release/",
+        f"{MESSAGES}bulk/retry/",
+        f"{MESSAGES}bulk/replay/",
+    ],
+)
+def test_anonymous_actions_are_refused_with_a_json_error(api, url):
+    response = api.post(url, {"filter": {"status": "FAILED"}}, format="json")
+    assert response.status_code in (401, 403)
+    assert response.json()["code"] in ("not_authenticated", "authentication_failed")
+    assert response.json()["message"]
+
+
+def test_token_authentication_works(api, viewer, make_event):
+    make_event()
+    token = Token.objects.create(user=viewer)
+    api.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    assert api.get(EVENTS).status_code == 200
+
+
+def test_session_authentication_works(viewer, make_event):
+    client = APIClient()
+    client.login(username="viewer", password="pw")
+    assert client.get(EVENTS).status_code == 200
+
+
+def test_a_user_without_the_view_permission_gets_403(make_user):
+    nobody = client_for(make_user())
+    response = nobody.get(EVENTS)
+    assert response.status_code == 403
+    assert response.json()["code"] == "permission_denied"
+
+
+@pytest.mark.parametrize(
+    ("url_suffix", "status", "permission", "body"),
+    [
+        ("retry/", OutboxEvent.Status.FAILED, "outbox.retry_outboxevent", {}),
+        ("discard/", OutboxEvent.Status.FAILED, "outbox.discard_outboxevent", {}),
+        ("replay/", OutboxEvent.Status.DONE, "outbox.replay_outboxevent", {"new_event_id": False}),
+    ],
+)
+def test_each_outbox_action_needs_its_own_permission(
+    make_user, make_event, url_suffix, status, permission, body
+):
+    event = make_event(status)
+    url = f"{EVENTS}{event.pk}/{url_suffix}"
+    others = [
+        p
+        for p in (
+            "outbox.retry_outboxevent",
+            "outbox.discard_outboxevent",
+            "outbox.replay_outboxevent",
+        )
+        if p != permission
+    ]
+    without = client_for(make_user(*VIEW_PERMISSIONS, *others))
+    response = without.post(url, body, format="json")
+    assert response.status_code == 403
+    with_permission = client_for(make_user(*VIEW_PERMISSIONS, permission))
+    response = with_permission.post(url, {**body, "note": "ticket 42"}, format="json")
+    assert response.status_code == 200, response.json()
+    entry = OperatorAction.objects.get()
+    assert entry.source == "api"
+    assert entry.requested == entry.changed == 1
+    assert entry.note == "ticket 42"
+    assert entry.object_ids[0] == str(event.pk)
+
+
+def test_retry_puts_a_failed_event_back_to_pending(operator, make_event):
+    event = make_event(OutboxEvent.Status.FAILED)
+    response = client_for(operator).post(f"{EVENTS}{event.pk}/retry/", {}, format="json")
+    assert response.status_code == 200
+    assert response.json()["status"] == "PENDING"
+    assert response.json()["attempts"] == 0
+
+
+def test_an_illegal_transition_is_a_409_with_the_services_code(operator, make_event):
+    event = make_event(OutboxEvent.Status.DONE)
+    response = client_for(operator).post(f"{EVENTS}{event.pk}/retry/", {}, format="json")
+    assert response.status_code == 409
+    assert response.json()["code"] == "illegal_transition"
+    assert "replay it instead" in response.json()["message"]
+
+
+def test_replay_with_a_new_event_id_returns_the_new_event(operator, make_event):
+    event = make_event(OutboxEvent.Status.DONE)
+    response = client_for(operator).post(
+        f"{EVENTS}{event.pk}/replay/", {"new_event_id": True}, format="json"
+    )
+    assert response.status_code == 200
+    body = response.json()
+    assert body["id"] != str(event.pk)
+    assert body["headers"]["replay_of"] == str(event.pk)
+    assert OperatorAction.objects.get().action == OperatorAction.Action.OUTBOX_REPLAY_NEW_ID
+
+
+def test_list_filters_and_omits_payloads(viewer, make_event):
+    failed = make_event(OutboxEvent.Status.FAILED, event_type="OrderCancelled")
+    make_event(OutboxEvent.Status.DONE)
+    make_event(OutboxEvent.Status.PENDING, event_type="OrderCancelled")
+    client = client_for(viewer)
+    body = client.get(EVENTS, {"status": "FAILED"}).json()
+    assert [row["id"] for row in body["results"]] == [str(failed.pk)]
+    assert "payload" not in body["results"][0]
+    assert "next" in body
+    assert "count" not in body
+    body = client.get(EVENTS, {"event_type": "OrderCancelled"}).json()
+    assert len(body["results"]) == 2
+    body = client.get(EVENTS, {"id": str(failed.pk)}).json()
+    assert len(body["results"]) == 1
+
+
+def test_cursor_pagination_walks_every_row_once(viewer, make_event):
+    created = {str(make_event().pk) for _ in range(7)}
+    client = client_for(viewer)
+    seen: list[str] = []
+    url = f"{EVENTS}?page_size=3"
+    while url:
+        body = client.get(url).json()
+        seen.extend(row["id"] for row in body["results"])
+        url = body["next"]
+    assert sorted(seen) == sorted(created)
+
+
+def test_detail_shows_payload_headers_and_the_consumers_timeline(viewer, make_event, make_message):
+    event = make_event(OutboxEvent.Status.DONE)
+    make_message(event_id=str(event.pk), group="billing")
+    make_message(InboxMessage.Status.FAILED, event_id=str(event.pk), group="shipping")
+    body = client_for(viewer).get(f"{EVENTS}{event.pk}/").json()
+    assert body["payload"]["amount"] == "12.50"
+    assert body["headers"]["tenant"] == "acme"
+    assert body["kafka_partition"] == 0
+    assert body["kafka_offset"] == 41
+    assert sorted(row["consumer_group"] for row in body["consumers"]) == ["billing", "shipping"]
+
+
+@pytest.mark.parametrize(
+    ("query", "code", "words"),
+    [
+        ({"status": "LOST"}, "validation_error", "LOST is not one of the available choices"),
+        ({"id": "not-a-uuid"}, "validation_error", "valid UUID"),
+        ({"created_after": "yesterday"}, "validation_error", "created_after"),
+        ({"colour": "red"}, "unknown_filter", "Unknown filter colour"),
+    ],
+)
+def test_bad_filters_get_400_with_a_clear_message(viewer, query, code, words):
+    response = client_for(viewer).get(EVENTS, query)
+    assert response.status_code == 400
+    assert response.json()["code"] == code
+    assert words in response.json()["message"]
+
+
+def test_a_malformed_event_id_gets_400(viewer):
+    response = client_for(viewer).get(f"{EVENTS}12345/")
+    assert response.status_code == 400
+    assert response.json() == {
+        "code": "invalid_id",
+        "message": "'12345' is not an event id; event ids are UUIDs.",
+    }
+
+
+def test_an_unknown_event_id_gets_404(viewer):
+    response = client_for(viewer).get(f"{EVENTS}{uuid.uuid4()}/")
+    assert response.status_code == 404
+    assert response.json()["code"] == "not_found"
+
+
+def test_bulk_dry_run_counts_and_changes_nothing(operator, make_event):
+    for _ in range(3):
+        make_event(OutboxEvent.Status.FAILED)
+    make_event(OutboxEvent.Status.DONE)
+    response = client_for(operator).post(
+        f"{EVENTS}bulk/retry/", {"filter": {"status": "FAILED"}, "dry_run": True}, format="json"
+    )
+    assert response.status_code == 200
+    assert response.json()["matched"] == 3
+    assert response.json()["dry_run"] is True
+    assert OutboxEvent.objects.filter(status="FAILED").count() == 3
+    assert not OperatorAction.objects.exists()
+
+
+def test_bulk_retry_by_filter_changes_the_rows_and_is_audited(operator, make_event):
+    for _ in range(3):
+        make_event(OutboxEvent.Status.FAILED, topic="console.payments")
+    make_event(OutboxEvent.Status.FAILED, topic="console.other")
+    response = client_for(operator).post(
+        f"{EVENTS}bulk/retry/",
+        {"filter": {"status": "FAILED", "topic": "console.payments"}, "note": "broker fixed"},
+        format="json",
+    )
+    assert response.status_code == 200, response.json()
+    assert response.json()["matched"] == 3
+    assert response.json()["changed"] == 3
+    assert OutboxEvent.objects.filter(status="FAILED").count() == 1
+    entry = OperatorAction.objects.get()
+    assert entry.filters == {"status": "FAILED", "topic": "console.payments"}
+    assert entry.username == "operator"
+    assert entry.note == "broker fixed"
+
+
+def test_bulk_discard_by_ids(operator, make_event):
+    events = [make_event(OutboxEvent.Status.FAILED) for _ in range(2)]
+    response = client_for(operator).post(
+        f"{EVENTS}bulk/discard/", {"ids": [str(e.pk) for e in events]}, format="json"
+    )
+    assert response.json()["changed"] == 2
+    assert OutboxEvent.objects.filter(discarded_at__isnull=False).count() == 2
+
+
+def test_bulk_needs_the_actions_permission_even_for_a_dry_run(viewer):
+    response = client_for(viewer).post(
+        f"{EVENTS}bulk/retry/", {"filter": {"status": "FAILED"}, "dry_run": True}, format="json"
+    )
+    assert response.status_code == 403
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "words"),
+    [
+        ({"filter": {"status": "LOST"}}, "validation_error", "LOST"),
+        ({"filter": {"colour": "red"}}, "unknown_filter", "Unknown filter colour"),
+        ({"filter": {}}, "empty_filter", "every row"),
+        ({"ids": ["nope"]}, "validation_error", "valid UUID"),
+        ({}, "validation_error", "either 'ids' or 'filter'"),
+    ],
+)
+def test_bad_bulk_input_gets_400(operator, body, code, words):
+    response = client_for(operator).post(f"{EVENTS}bulk/retry/", body, format="json")
+    assert response.status_code == 400
+    assert response.json()["code"] == code
+    assert words in response.json()["message"]
+
+
+def test_an_oversized_body_gets_413_with_a_json_error(operator, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1024
+    body = json.dumps({"ids": [str(uuid.uuid4()) for _ in range(100)]})
+    response = client_for(operator).post(
+        f"{EVENTS}bulk/retry/", body, content_type="application/json"
+    )
+    assert response.status_code == 413
+    assert response.json()["code"] == "request_too_large"
+
+
+def test_read_only_fields_cannot_be_written(operator, make_event):
+    event = make_event()
+    client = client_for(operator)
+    assert (
+        client.patch(f"{EVENTS}{event.pk}/", {"status": "DONE"}, format="json").status_code == 405
+    )
+    assert client.put(f"{EVENTS}{event.pk}/", {"status": "DONE"}, format="json").status_code == 405
+    assert client.post(EVENTS, {"status": "DONE"}, format="json").status_code == 405
+    event.refresh_from_db()
+    assert event.status == "PENDING"
+
+
+def test_throttling_answers_429_in_json(operator, make_event, settings):
+    from rest_framework.throttling import ScopedRateThrottle
+
+    event = make_event(OutboxEvent.Status.FAILED)
+    rates = {**ScopedRateThrottle.THROTTLE_RATES, "actions": "2/minute"}
+    original = ScopedRateThrottle.THROTTLE_RATES
+    ScopedRateThrottle.THROTTLE_RATES = rates
+    try:
+        client = client_for(operator)
+        codes = [
+            client.post(f"{EVENTS}{event.pk}/retry/", {}, format="json").status_code
+            for _ in range(3)
+        ]
+    finally:
+        ScopedRateThrottle.THROTTLE_RATES = original
+    assert codes[-1] == 429
+
+
+def test_release_key(operator, make_event):
+    blocked = make_event(OutboxEvent.Status.FAILED, key="order-7", topic="console.orders")
+    response = client_for(operator).post(
+        f"{EVENTS}keys/release/", {"topic": "console.orders", "key": "order-7"}, format="json"
+    )
+    assert response.status_code == 200
+    assert response.json()["changed"] == 1
+    blocked.refresh_from_db()
+    assert blocked.discarded_at is not None
+
+
+# --- inbox ------------------------------------------------------------------------------------
+
+
+def test_inbox_list_filters(viewer, make_message):
+    failed = make_message(InboxMessage.Status.FAILED, group="shipping")
+    make_message(group="billing")
+    client = client_for(viewer)
+    body = client.get(MESSAGES, {"status": "FAILED", "consumer_group": "shipping"}).json()
+    assert [row["id"] for row in body["results"]] == [failed.pk]
+    assert "payload" not in body["results"][0]
+    assert client.get(MESSAGES, {"status": "nope"}).status_code == 400
+
+
+def test_inbox_malformed_id_gets_400(viewer):
+    response = client_for(viewer).get(f"{MESSAGES}abc/")
+    assert response.status_code == 400
+    assert response.json()["code"] == "invalid_id"
+
+
+@pytest.mark.parametrize(
+    ("suffix", "permission"),
+    [("retry/", "outbox.retry_inboxmessage"), ("replay/", "outbox.replay_inboxmessage")],
+)
+def test_each_inbox_action_needs_its_own_permission(make_user, make_message, suffix, permission):
+    message = make_message(InboxMessage.Status.FAILED)
+    url = f"{MESSAGES}{message.pk}/{suffix}"
+    assert client_for(make_user(*VIEW_PERMISSIONS)).post(url, {}, format="json").status_code == 403
+    response = client_for(make_user(*VIEW_PERMISSIONS, permission)).post(url, {}, format="json")
+    assert response.status_code == 200, response.json()
+    assert response.json()["status"] == "PENDING"
+    assert response.json()["attempts"] == 0
+
+
+def test_inbox_replay_of_a_done_message_is_a_409(operator, make_message):
+    message = make_message(InboxMessage.Status.DONE)
+    response = client_for(operator).post(f"{MESSAGES}{message.pk}/replay/", {}, format="json")
+    assert response.status_code == 409
+    assert response.json()["code"] == "invalid_transition"
+
+
+def test_inbox_bulk_dry_run_and_run(operator, make_message):
+    for _ in range(2):
+        make_message(InboxMessage.Status.FAILED, group="shipping")
+    make_message(InboxMessage.Status.FAILED, group="billing")
+    client = client_for(operator)
+    body = {"filter": {"status": "FAILED", "consumer_group": "shipping"}}
+    dry = client.post(f"{MESSAGES}bulk/retry/", {**body, "dry_run": True}, format="json").json()
+    assert dry["matched"] == 2
+    done = client.post(f"{MESSAGES}bulk/retry/", body, format="json").json()
+    assert done["changed"] == 2
+    assert InboxMessage.objects.filter(status="FAILED").count() == 1
+
+
+# --- stats and docs ---------------------------------------------------------------------------
+
+
+def test_stats_summary(viewer, make_event, make_message):
+    make_event(OutboxEvent.Status.FAILED, error="MSG_SIZE_TOO_LARGE: Broker: Message too large")
+    make_event(OutboxEvent.Status.DONE)
+    make_message(InboxMessage.Status.FAILED)
+    body = client_for(viewer).get("/api/stats/summary/").json()
+    assert body["outbox"]["counts"] == {"PENDING": 0, "FAILED": 1, "DONE": 1}
+    assert body["inbox"]["counts"]["FAILED"] == 1
+    classes = {(row["side"], row["error_class"]) for row in body["failures_by_error_class"]}
+    assert ("outbox", "MSG_SIZE_TOO_LARGE") in classes
+    assert ("inbox", "demo.errors.DemoFailure") in classes
+    assert sum(body["rates_last_hour"]["published"]) == 1
+
+
+def test_consumer_lag_reports_an_unreachable_kafka_as_a_state(viewer, settings):
+    settings.KAFKA_BOOTSTRAP_SERVERS = "127.0.0.1:1"
+    settings.CONSOLE_KAFKA_TIMEOUT_SECONDS = 0.5
+    settings.CONSOLE_CONSUMER_GROUPS = ["billing"]
+    response = client_for(viewer).get("/api/stats/consumer-lag/")
+    assert response.status_code == 200
+    assert response.json()["reachable"] is False
+    assert "Kafka unreachable" in response.json()["error"]
+
+
+def test_schema_and_swagger_ui_are_served_locally(viewer):
+    client = client_for(viewer)
+    schema = client.get("/api/schema/", {"format": "json"})
+    assert schema.status_code == 200
+    paths = json.loads(schema.content)["paths"]
+    assert "/api/outbox/events/bulk/retry/" in paths
+    assert "/api/inbox/messages/{id}/replay/" in paths
+    docs = client.get("/api/docs/")
+    assert docs.status_code == 200
+    html = docs.content.decode()
+    assert "swagger-ui" in html
+    assert "cdn" not in html.lower()
+    assert "unpkg" not in html.lower()
+
+
+def test_users_without_staff_still_need_permissions(db):
+    user = User.objects.create_user(username="plain", password="pw")
+    assert client_for(user).get(MESSAGES).status_code == 403
