@@ -13,6 +13,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+import inbox.metrics  # noqa: F401  (registers the inbox's counters in this process)
+import outbox.metrics  # noqa: F401  (registers the relay's counters in this process)
 from inbox.models import InboxMessage
 from outbox.models import OutboxEvent
 from outbox.selectors import outbox_oldest_pending_age_seconds

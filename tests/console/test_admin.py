@@ -1,0 +1,289 @@
+"""The admin with Django's test client: the dashboard, lists and details, every action with
+its permission, the retry of everything matching a filter, and the audit log."""
+
+import pytest
+from django.test import Client
+
+from inbox.models import InboxMessage
+from outbox.models import OperatorAction, OutboxEvent
+from tests.console.conftest import VIEW_PERMISSIONS
+
+pytestmark = pytest.mark.django_db
+
+EVENTS = "/admin/outbox/outboxevent/"
+MESSAGES = "/admin/inbox/inboxmessage/"
+
+
+def logged_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def kafka_unreachable(settings):
+    settings.KAFKA_BOOTSTRAP_SERVERS = "127.0.0.1:1"
+    settings.CONSOLE_KAFKA_TIMEOUT_SECONDS = 0.5
+    settings.CONSOLE_CONSUMER_GROUPS = ["billing"]
+
+
+def test_dashboard_shows_counts_failures_keys_and_health(
+    operator, make_event, make_message, kafka_unreachable
+):
+    make_event(OutboxEvent.Status.FAILED, key="order-9", error="MSG_TIMED_OUT: Local: timed out")
+    make_event(OutboxEvent.Status.PENDING, key="order-9")
+    make_event(OutboxEvent.Status.DONE)
+    make_message(InboxMessage.Status.FAILED, duplicate_count=2)
+    response = logged_in(operator).get("/admin/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "Outbox FAILED" in html
+    assert "Oldest pending event" in html
+    assert "MSG_TIMED_OUT" in html
+    assert "demo.errors.DemoFailure" in html
+    assert "order-9" in html  # quarantined key
+    assert 'id="kafka-unreachable"' in html  # a state, not an error page
+    for part in ("PostgreSQL", "Kafka", "Redis", "Celery beat", "Relay"):
+        assert part in html
+    assert 'data-type="line"' in html
+    assert 'data-type="bar"' in html
+    assert "https://" not in "".join(
+        line for line in html.splitlines() if "<script" in line or "<link" in line
+    )
+
+
+@pytest.mark.kafka
+def test_dashboard_reads_consumer_lag_from_kafka(operator, kafka_topic, settings):
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    from project.kafka import kafka_connection_config
+
+    topic = kafka_topic(partitions=2)
+    producer = Producer(kafka_connection_config())
+    for number in range(5):
+        producer.produce(topic, value=b"{}", partition=number % 2)
+    producer.flush(10)
+    consumer = Consumer({**kafka_connection_config(), "group.id": "console-lag-test"})
+    consumer.commit(offsets=[TopicPartition(topic, 0, 1)], asynchronous=False)
+    consumer.close()
+    settings.CONSOLE_CONSUMER_GROUPS = ["console-lag-test"]
+    html = logged_in(operator).get("/admin/").content.decode()
+    assert "kafka-unreachable" not in html
+    assert topic in html
+    assert "console-lag-test" in html
+
+
+def test_outbox_list_filters_and_searches(viewer, make_event):
+    failed = make_event(OutboxEvent.Status.FAILED, event_type="OrderCancelled")
+    done = make_event(OutboxEvent.Status.DONE, key="order-abc")
+    client = logged_in(viewer)
+    html = client.get(EVENTS, {"status__exact": "FAILED"}).content.decode()
+    assert str(failed.pk) in html
+    assert str(done.pk) not in html
+    html = client.get(EVENTS, {"event_type": "OrderCancelled"}).content.decode()
+    assert str(failed.pk) in html
+    assert str(done.pk) not in html
+    html = client.get(EVENTS, {"q": "order-abc"}).content.decode()
+    assert str(done.pk) in html
+    assert str(failed.pk) not in html
+    html = client.get(EVENTS, {"q": str(failed.pk)}).content.decode()
+    assert str(failed.pk) in html
+
+
+def test_outbox_list_never_counts_the_whole_table(
+    viewer, make_event, django_assert_max_num_queries
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    make_event()
+    with CaptureQueriesContext(connection) as queries:
+        assert logged_in(viewer).get(EVENTS).status_code == 200
+    counts = [q["sql"] for q in queries if "COUNT(" in q["sql"].upper()]
+    # Only a capped count (a LIMIT in a subquery) or none at all.
+    assert all("LIMIT" in sql.upper() for sql in counts), counts
+    assert not [q["sql"] for q in queries if '"payload"' in q["sql"] and "outbox_event" in q["sql"]]
+
+
+def test_outbox_detail_shows_json_kafka_position_and_timeline(viewer, make_event, make_message):
+    event = make_event(OutboxEvent.Status.DONE)
+    make_message(event_id=str(event.pk), group="billing")
+    make_message(InboxMessage.Status.FAILED, event_id=str(event.pk), group="shipping")
+    response = logged_in(viewer).get(f"{EVENTS}{event.pk}/change/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "&quot;amount&quot;: &quot;12.50&quot;" in html  # pretty-printed JSON
+    assert "&quot;tenant&quot;: &quot;acme&quot;" in html
+    assert "partition 0, offset 41" in html
+    assert "billing" in html
+    assert "shipping" in html
+
+
+def test_inbox_list_and_detail(viewer, make_message):
+    failed = make_message(InboxMessage.Status.FAILED, group="shipping")
+    client = logged_in(viewer)
+    html = client.get(MESSAGES, {"status__exact": "FAILED", "consumer_group": "shipping"})
+    assert f"{MESSAGES}{failed.pk}/change/" in html.content.decode()
+    detail = client.get(f"{MESSAGES}{failed.pk}/change/").content.decode()
+    assert "DemoFailure" in detail
+
+
+def _post_action(client, url, action, ids):
+    return client.post(url, {"action": action, "_selected_action": [str(i) for i in ids]})
+
+
+@pytest.mark.parametrize(
+    ("action", "status", "permission", "check"),
+    [
+        ("retry_selected", "FAILED", "outbox.retry_outboxevent", lambda e: e.status == "PENDING"),
+        ("discard_selected", "FAILED", "outbox.discard_outboxevent", lambda e: e.discarded_at),
+        ("replay_same_id", "DONE", "outbox.replay_outboxevent", lambda e: e.status == "PENDING"),
+    ],
+)
+def test_outbox_actions_need_their_permission_and_are_audited(
+    make_user, make_event, action, status, permission, check
+):
+    event = make_event(status)
+    without = logged_in(make_user(*VIEW_PERMISSIONS))
+    _post_action(without, EVENTS, action, [event.pk])
+    event.refresh_from_db()
+    assert event.status == status
+    assert event.discarded_at is None
+    assert not OperatorAction.objects.exists()
+
+    with_permission = logged_in(make_user(*VIEW_PERMISSIONS, permission, username="ops"))
+    response = _post_action(with_permission, EVENTS, action, [event.pk])
+    assert response.status_code == 302
+    event.refresh_from_db()
+    assert check(event)
+    entry = OperatorAction.objects.get()
+    assert (entry.username, entry.source, entry.requested, entry.changed) == ("ops", "admin", 1, 1)
+    assert entry.object_ids == [str(event.pk)]
+
+
+def test_replay_with_a_new_event_id_from_the_detail_page(operator, make_event):
+    event = make_event(OutboxEvent.Status.DONE)
+    response = logged_in(operator).get(f"{EVENTS}{event.pk}/replay-new-id/")
+    assert response.status_code == 302
+    copy = OutboxEvent.objects.exclude(pk=event.pk).get()
+    assert copy.headers["replay_of"] == str(event.pk)
+    assert response.url == f"{EVENTS}{copy.pk}/change/"
+    assert OperatorAction.objects.get().action == OperatorAction.Action.OUTBOX_REPLAY_NEW_ID
+
+
+def test_detail_actions_need_their_permission(viewer, make_event):
+    event = make_event(OutboxEvent.Status.FAILED)
+    assert logged_in(viewer).get(f"{EVENTS}{event.pk}/retry/").status_code == 403
+
+
+def test_a_refused_transition_is_a_message_not_an_error_page(operator, make_event):
+    event = make_event(OutboxEvent.Status.DONE)
+    response = logged_in(operator).get(f"{EVENTS}{event.pk}/retry/", follow=True)
+    assert response.status_code == 200
+    assert "replay it instead" in response.content.decode()
+
+
+def test_retry_matching_counts_confirms_and_freezes_the_ids(
+    operator, make_event, settings, monkeypatch, django_capture_on_commit_callbacks
+):
+    from project import operations
+
+    settings.CONSOLE_BULK_CHUNK_SIZE = 2  # 5 rows: 3 chunks through Celery
+    for _ in range(5):
+        make_event(OutboxEvent.Status.FAILED, topic="console.payments")
+    other = make_event(OutboxEvent.Status.FAILED, topic="console.other")
+    client = logged_in(operator)
+    list_html = client.get(EVENTS, {"status__exact": "FAILED"}).content.decode()
+    assert "retry-matching/?status__exact=FAILED" in list_html
+    confirm = client.get(
+        f"{EVENTS}retry-matching/", {"status__exact": "FAILED", "topic": "console.payments"}
+    )
+    assert confirm.status_code == 200
+    assert confirm.context["count"] == 5
+    # Hold the chunks back, as a busy worker would.
+    queued: list[tuple[int, list[str]]] = []
+    monkeypatch.setattr(operations.apply_action_chunk, "delay", lambda *args: queued.append(args))
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(
+            f"{EVENTS}retry-matching/",
+            {
+                "_changelist_filters": "status__exact=FAILED&topic=console.payments",
+                "note": "after the broker upgrade",
+            },
+        )
+    assert response.status_code == 302
+    assert len(queued) == 3
+    entry = OperatorAction.objects.get()
+    assert (entry.requested, entry.changed, entry.chunks_pending) == (5, 0, 3)
+    # An event that fails after the submit matches the filter, but is not in the frozen ids.
+    late = make_event(OutboxEvent.Status.FAILED, topic="console.payments")
+    for action_id, ids in queued:
+        operations.apply_action_chunk.apply(args=(action_id, ids))
+    entry.refresh_from_db()
+    assert (entry.requested, entry.changed, entry.chunks_pending) == (5, 5, 0)
+    assert entry.filters == {"status__exact": ["FAILED"], "topic": ["console.payments"]}
+    assert entry.note == "after the broker upgrade"
+    late.refresh_from_db()
+    other.refresh_from_db()
+    assert late.status == other.status == "FAILED"
+    assert OutboxEvent.objects.filter(topic="console.payments", status="PENDING").count() == 5
+
+
+def test_retry_matching_needs_the_retry_permission(viewer):
+    assert logged_in(viewer).get(f"{EVENTS}retry-matching/").status_code == 403
+
+
+def test_release_key_confirms_then_releases(operator, make_event):
+    blocked = make_event(OutboxEvent.Status.FAILED, key="order-5")
+    waiting = make_event(OutboxEvent.Status.PENDING, key="order-5")
+    client = logged_in(operator)
+    url = f"{EVENTS}release-key/"
+    page = client.get(url, {"topic": "console.orders", "key": "order-5"})
+    assert page.status_code == 200
+    assert page.context["failed"] == 1
+    response = client.post(url, {"topic": "console.orders", "key": "order-5", "note": "n"})
+    assert response.status_code == 302
+    blocked.refresh_from_db()
+    waiting.refresh_from_db()
+    assert blocked.discarded_at is not None
+    assert waiting.status == "PENDING"
+    assert OperatorAction.objects.get().action == OperatorAction.Action.OUTBOX_KEY_RELEASE
+
+
+def test_release_key_needs_its_permission(make_user):
+    user = make_user(*VIEW_PERMISSIONS, "outbox.retry_outboxevent")
+    assert logged_in(user).get(f"{EVENTS}release-key/").status_code == 403
+
+
+@pytest.mark.parametrize(
+    ("action", "permission"),
+    [
+        ("retry_selected", "outbox.retry_inboxmessage"),
+        ("replay_selected", "outbox.replay_inboxmessage"),
+    ],
+)
+def test_inbox_actions_need_their_permission(make_user, make_message, action, permission):
+    message = make_message(InboxMessage.Status.FAILED)
+    _post_action(logged_in(make_user(*VIEW_PERMISSIONS)), MESSAGES, action, [message.pk])
+    message.refresh_from_db()
+    assert message.status == "FAILED"
+    _post_action(
+        logged_in(make_user(*VIEW_PERMISSIONS, permission)), MESSAGES, action, [message.pk]
+    )
+    message.refresh_from_db()
+    assert message.status == "PENDING"
+    assert message.attempts == 0
+    assert OperatorAction.objects.get().model == "inbox.InboxMessage"
+
+
+def test_the_audit_log_is_readable_and_read_only(operator, make_event):
+    event = make_event(OutboxEvent.Status.FAILED)
+    client = logged_in(operator)
+    _post_action(client, EVENTS, "retry_selected", [event.pk])
+    entry = OperatorAction.objects.get()
+    html = client.get("/admin/outbox/operatoraction/").content.decode()
+    assert "outbox.retry" in html
+    assert "operator" in html
+    assert client.get(f"/admin/outbox/operatoraction/{entry.pk}/change/").status_code == 200
+    assert client.post(f"/admin/outbox/operatoraction/{entry.pk}/delete/").status_code == 403
+    assert client.get("/admin/outbox/operatoraction/add/").status_code == 403
