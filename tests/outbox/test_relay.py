@@ -215,13 +215,16 @@ def test_two_relays_racing_over_5000_events_publish_each_once(
 ):
     topic = kafka_topic(partitions=6)
     relays = [start_relay("--batch-size", "500"), start_relay("--batch-size", "500")]
+    for relay in relays:  # both ready before the first event, so that they race for it
+        assert relay.stdout is not None
+        assert "listening" in relay.stdout.readline()
     events = []
     for start in range(0, 5000, 1000):
         events += publish_events(topic, 1000, keys=1000, start=start)
 
     wait_until(
         lambda: not OutboxEvent.objects.exclude(status="DONE").exists(),
-        timeout=120,
+        timeout=240,
         message="every event DONE",
     )
     published_by_relay = []

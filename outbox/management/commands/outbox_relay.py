@@ -5,7 +5,6 @@ commits; the relay then drains due events until a batch comes back short, and ot
 wakes at least every --poll-seconds for events whose retry has come due."""
 
 import logging
-import select
 import signal
 import socket
 from types import FrameType
@@ -77,11 +76,7 @@ class Command(BaseCommand):
         return listener
 
     def _wait_for_notification(self, listener: psycopg.Connection[Any], timeout: float) -> None:
-        try:
-            readable, _, _ = select.select([listener.fileno()], [], [], timeout)
-        except InterruptedError:
-            return
-        if readable:
-            # Drain every pending notification: one wake-up serves them all.
-            for _ in listener.notifies(timeout=0):
-                pass
+        # Returns at the first notification (psycopg also serves ones it has already read
+        # off the socket) or after the timeout; one wake-up then drains what is due.
+        for _ in listener.notifies(timeout=timeout, stop_after=1):
+            pass
