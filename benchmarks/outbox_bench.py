@@ -142,7 +142,7 @@ def measure_producer(topic: str, count: int) -> float:
     values = [json.dumps(payload(n), separators=(",", ":")).encode() for n in range(count)]
     delivered = 0
 
-    def on_delivery(error, message) -> None:
+    def on_delivery(error: object, message: object) -> None:
         nonlocal delivered
         if error is None:
             delivered += 1
