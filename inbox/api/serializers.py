@@ -43,11 +43,11 @@ class InboxMessageDetailSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class ActionInputSerializer(serializers.Serializer):
+class InboxActionInputSerializer(serializers.Serializer):
     note = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
 
 
-class BulkInputSerializer(ActionInputSerializer):
+class InboxBulkInputSerializer(InboxActionInputSerializer):
     ids = serializers.ListField(child=serializers.IntegerField(min_value=1), required=False)
     filter = serializers.DictField(
         child=serializers.CharField(allow_blank=True),

@@ -10,8 +10,8 @@ from rest_framework.throttling import BaseThrottle
 
 from inbox.api.filters import InboxMessageFilter
 from inbox.api.serializers import (
-    ActionInputSerializer,
-    BulkInputSerializer,
+    InboxActionInputSerializer,
+    InboxBulkInputSerializer,
     InboxMessageDetailSerializer,
     InboxMessageListSerializer,
 )
@@ -72,7 +72,7 @@ class InboxMessageViewSet(viewsets.ReadOnlyModelViewSet):
         return message
 
     def _single(self, request: Request, action_name: str) -> Response:
-        serializer = ActionInputSerializer(data=request.data)
+        serializer = InboxActionInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         message = inbox_message_action(
             user=request.user,
@@ -83,20 +83,20 @@ class InboxMessageViewSet(viewsets.ReadOnlyModelViewSet):
         )
         return Response(InboxMessageDetailSerializer(message).data)
 
-    @extend_schema(request=ActionInputSerializer, responses=InboxMessageDetailSerializer)
+    @extend_schema(request=InboxActionInputSerializer, responses=InboxMessageDetailSerializer)
     @action(detail=True, methods=["post"])
     def retry(self, request: Request, pk: str | None = None) -> Response:
         """Runs a FAILED or backing-off PENDING message again now (by the retry task)."""
         return self._single(request, Action.INBOX_RETRY)
 
-    @extend_schema(request=ActionInputSerializer, responses=InboxMessageDetailSerializer)
+    @extend_schema(request=InboxActionInputSerializer, responses=InboxMessageDetailSerializer)
     @action(detail=True, methods=["post"])
     def replay(self, request: Request, pk: str | None = None) -> Response:
         """Gives a FAILED message a fresh retry budget, due now."""
         return self._single(request, Action.INBOX_REPLAY)
 
     def _bulk(self, request: Request, action_name: str) -> Response:
-        serializer = BulkInputSerializer(data=request.data)
+        serializer = InboxBulkInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         return Response(
             bulk_response(
@@ -108,13 +108,13 @@ class InboxMessageViewSet(viewsets.ReadOnlyModelViewSet):
             )
         )
 
-    @extend_schema(request=BulkInputSerializer, responses=BulkResultSerializer)
+    @extend_schema(request=InboxBulkInputSerializer, responses=BulkResultSerializer)
     @action(detail=False, methods=["post"], url_path="bulk/retry")
     def bulk_retry(self, request: Request) -> Response:
         """Retries the messages named by ids or by filter; dry_run only counts them."""
         return self._bulk(request, Action.INBOX_RETRY)
 
-    @extend_schema(request=BulkInputSerializer, responses=BulkResultSerializer)
+    @extend_schema(request=InboxBulkInputSerializer, responses=BulkResultSerializer)
     @action(detail=False, methods=["post"], url_path="bulk/replay")
     def bulk_replay(self, request: Request) -> Response:
         """Replays the FAILED messages named by ids or by filter; dry_run only counts them."""

@@ -39,6 +39,9 @@ INSTALLED_APPS = [
     "inbox",
     "analytics",
 ]
+# The demo (payments and deliveries) only where it is wanted: production.py switches it off.
+if DEMO_ENABLED:  # noqa: F405
+    INSTALLED_APPS.append("demo")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

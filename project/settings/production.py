@@ -12,6 +12,10 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 KAFKA_BOOTSTRAP_SERVERS = env("KAFKA_BOOTSTRAP_SERVERS")
 
 DEBUG = False
+
+# No demo traffic, tables or handlers in production unless asked for explicitly.
+DEMO_ENABLED = env.bool("DEMO_ENABLED", default=False)
+INSTALLED_APPS = [app for app in INSTALLED_APPS if app != "demo" or DEMO_ENABLED]  # noqa: F405
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS")
 
 # HTTPS everywhere; a TLS-terminating proxy in front sets X-Forwarded-Proto. HTTPS=false
