@@ -2,7 +2,9 @@
 # Local PostgreSQL, Redis and Apache Kafka (KRaft) without Docker.
 #
 #   scripts/services.sh up|down|status
-#   scripts/services.sh kafka-stop N | kafka-kill N | kafka-start N   (one broker, for fault tests)
+#   Fault tests act on one part at a time:
+#   scripts/services.sh kafka-stop N | kafka-kill N | kafka-start N | kafka-pause N | kafka-resume N
+#   scripts/services.sh postgres-crash | postgres-start | redis-stop | redis-start
 #
 # For each service: if something already answers at the configured address it is used
 # as it is; otherwise the service is installed (Debian packages, or Kafka's jars from
@@ -15,6 +17,10 @@
 #   KAFKA_BROKERS            1 (one node) or 3 (three nodes, replication factor 3,
 #                            min.insync.replicas=2, unclean leader election off)
 #   KAFKA_BOOTSTRAP_SERVERS  derived from KAFKA_BROKERS when unset
+#   KAFKA_PORT_BASE          9091: broker N listens on KAFKA_PORT_BASE+N
+#   KAFKA_CONTROLLER_PORT_BASE 29091: its controller on KAFKA_CONTROLLER_PORT_BASE+N
+#   LOCAL_DIR                .local: data and logs; a second set of services (other ports,
+#                            another LOCAL_DIR) can run beside the first, e.g. for fault tests
 set -euo pipefail
 
 PROJECT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,8 +30,8 @@ KAFKA_DIR="$LOCAL_DIR/kafka"
 KAFKA_LIBS="$KAFKA_DIR/libs"
 KAFKA_BROKERS="${KAFKA_BROKERS:-1}"
 # Broker N (1-based) listens on 9091+N for clients and 29091+N for the controller quorum.
-KAFKA_CLIENT_PORT_BASE=9091
-KAFKA_CONTROLLER_PORT_BASE=29091
+KAFKA_CLIENT_PORT_BASE="${KAFKA_PORT_BASE:-9091}"
+KAFKA_CONTROLLER_PORT_BASE="${KAFKA_CONTROLLER_PORT_BASE:-29091}"
 KAFKA_HEAP="${KAFKA_HEAP:--Xms256m -Xmx768m}"
 WAIT_SECONDS="${SERVICES_WAIT_SECONDS:-90}"
 
@@ -99,7 +105,11 @@ pg_ready() { "$PG_BIN/pg_isready" -q -h "$PG_HOST" -p "$PG_PORT" 2>/dev/null || 
 postgres_up() {
   parse_database_url
   if pg_ready; then
-    log postgres "already answering at $PG_HOST:$PG_PORT; using it"
+    if [[ -f "$PG_DATA/postmaster.pid" ]]; then
+      log postgres "running at $PG_HOST:$PG_PORT (data $PG_DATA)"
+    else
+      log postgres "already answering at $PG_HOST:$PG_PORT; using it"
+    fi
     return
   fi
   is_loopback "$PG_HOST" || die "nothing answers at $PG_HOST:$PG_PORT and only a loopback PostgreSQL can be started here"
@@ -153,7 +163,11 @@ redis_up() {
   parse_redis_url
   command -v redis-server >/dev/null || apt_install redis-server
   if redis_ready; then
-    log redis "already answering at $REDIS_HOST:$REDIS_PORT; using it"
+    if [[ -f "$REDIS_PIDFILE" ]]; then
+      log redis "running at $REDIS_HOST:$REDIS_PORT"
+    else
+      log redis "already answering at $REDIS_HOST:$REDIS_PORT; using it"
+    fi
     return
   fi
   is_loopback "$REDIS_HOST" || die "nothing answers at $REDIS_HOST:$REDIS_PORT and only a loopback Redis can be started here"
@@ -381,8 +395,22 @@ case "$command" in
     ;;
   kafka-stop) kafka_stop_node "${2:?broker number}" TERM ;;
   kafka-kill) kafka_stop_node "${2:?broker number}" KILL ;;
+  kafka-pause) kill -STOP "$(kafka_node_pid "${2:?broker number}")" ;;
+  kafka-resume) kill -CONT "$(kafka_node_pid "${2:?broker number}")" ;;
+  postgres-crash)
+    # Immediate mode: no checkpoint, clients cut off; recovery replays the WAL at start.
+    as_postgres "$PG_BIN/pg_ctl" -D "$PG_DATA" -m immediate -w stop >/dev/null
+    ;;
+  postgres-start)
+    parse_database_url
+    as_postgres "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t "$WAIT_SECONDS" \
+      -o "-h $PG_HOST -p $PG_PORT -k /tmp -c max_connections=200" start >/dev/null
+    wait_for postgres pg_ready
+    ;;
+  redis-stop) redis_down ;;
+  redis-start) redis_up ;;
   *)
-    echo "usage: $0 up|down|status|kafka-start N|kafka-stop N|kafka-kill N" >&2
+    echo "usage: $0 up|down|status|kafka-start N|kafka-stop N|kafka-kill N|kafka-pause N|kafka-resume N|postgres-crash|postgres-start|redis-stop|redis-start" >&2
     exit 2
     ;;
 esac
