@@ -57,7 +57,8 @@ class InboxMessageAdmin(ModelAdmin):
     search_help_text = "An event id, an aggregate id or a key (exact)."
     show_full_result_count = False
     paginator = EstimatedCountPaginator
-    list_per_page = 50
+    # Unfold renders a row in a few milliseconds: 25 rows keep a page well under 300 ms.
+    list_per_page = 25
     ordering = ("-received_at",)
     actions = ("retry_selected", "replay_selected")
     actions_detail = ("retry_detail", "replay_detail")
@@ -181,9 +182,7 @@ class InboxMessageAdmin(ModelAdmin):
     @display(description="Outbox event")
     def outbox_event(self, message: InboxMessage) -> str:
         event_id = _as_uuid(message.event_id)
-        event = (
-            OutboxEvent.objects.filter(pk=event_id).only("pk").first() if event_id else None
-        )
+        event = OutboxEvent.objects.filter(pk=event_id).only("pk").first() if event_id else None
         if event is None:
             return "not in this database's outbox"
         url = reverse("admin:outbox_outboxevent_change", args=[event.pk])

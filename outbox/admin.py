@@ -90,7 +90,8 @@ class OutboxEventAdmin(ModelAdmin):
     # Never COUNT(*) the whole table; see EstimatedCountPaginator.
     show_full_result_count = False
     paginator = EstimatedCountPaginator
-    list_per_page = 50
+    # Unfold renders a row in a few milliseconds: 25 rows keep a page well under 300 ms.
+    list_per_page = 25
     ordering = ("-created_at",)
     actions = ("retry_selected", "discard_selected", "replay_same_id", "replay_new_id")
     actions_detail = (

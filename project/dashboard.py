@@ -8,6 +8,8 @@ from django.http import HttpRequest
 
 from outbox.selectors import outbox_quarantined_keys
 from project.selectors import (
+    cached,
+    console_consumer_groups,
     console_summary,
     consumer_lag,
     health_parts,
@@ -46,7 +48,9 @@ def _chart(labels: list[str], published: list[int], consumed: list[int]) -> str:
 def dashboard_callback(request: HttpRequest, context: dict[str, Any]) -> dict[str, Any]:
     summary = console_summary()
     hour = rate_series(period=timedelta(hours=1), bucket=timedelta(minutes=1))
-    day = rate_series(period=timedelta(days=1), bucket=timedelta(hours=1))
+    day = cached(
+        "rates-day", lambda: rate_series(period=timedelta(days=1), bucket=timedelta(hours=1))
+    )
     lag = consumer_lag()
     oldest = summary["outbox"]["oldest_pending_age_seconds"]
     context.update(
@@ -57,9 +61,12 @@ def dashboard_callback(request: HttpRequest, context: dict[str, Any]) -> dict[st
             "chart_day": _chart(day.labels, day.published, day.consumed),
             "published_last_hour": sum(hour.published),
             "consumed_last_hour": sum(hour.consumed),
-            "quarantined_keys": outbox_quarantined_keys(limit=20),
+            "quarantined_keys": cached(
+                "quarantined-keys", lambda: outbox_quarantined_keys(limit=20)
+            ),
             "lag": lag,
             "lag_totals": lag.total_by_group(),
+            "lag_groups": sorted(console_consumer_groups()),
             "health": health_parts(kafka=lag, oldest_pending_age=oldest),
             "analytics": latest_analytics(),
             "can_release_keys": request.user.has_perm("outbox.release_outboxkey"),

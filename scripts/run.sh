@@ -52,10 +52,16 @@ start celery-beat "$BIN/celery" -A project beat --loglevel INFO
 for group in $("$BIN/python" manage.py inbox_consume --list-groups 2>/dev/null || true); do
   start "consumer-$group" "$BIN/python" manage.py inbox_consume --group "$group"
 done
+demo_enabled="$("$BIN/python" manage.py shell --verbosity 0 -c 'from django.conf import settings; print(settings.DEMO_ENABLED)' 2>/dev/null || echo False)"
+if [[ "$demo_enabled" == "True" ]]; then
+  # Payments and deliveries (DEMO_RATE, DEMO_HANDLER_FAILURE_RATE, DEMO_DUPLICATE_RATE).
+  start demo-traffic "$BIN/python" manage.py demo_traffic
+fi
 
 cat <<MSG
 
-  Admin:    http://$RUN_HOST:$RUN_PORT/admin/
+  Admin:    http://$RUN_HOST:$RUN_PORT/admin/   (the console's dashboard)
+  API:      http://$RUN_HOST:$RUN_PORT/api/docs/   /metrics   /health/
   User:     $ADMIN_USERNAME
   Password: $ADMIN_PASSWORD ($password_note)
 

@@ -78,4 +78,11 @@ class Migration(migrations.Migration):
                 "default_permissions": ("view",),
             },
         ),
+        # The console's topic filter (with or without a status), newest first. Not declared on
+        # the model: OutboxEvent belongs to the outbox app; this index serves the console only.
+        migrations.RunSQL(
+            "CREATE INDEX IF NOT EXISTS outbox_event_console_topic_idx "
+            "ON outbox_event (topic, status, created_at)",
+            reverse_sql="DROP INDEX IF EXISTS outbox_event_console_topic_idx",
+        ),
     ]

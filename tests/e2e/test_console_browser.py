@@ -1,0 +1,122 @@
+"""End to end in headless Chromium (Debian's chromium and chromium-driver; `make test`
+installs them): log in, open the dashboard, filter FAILED outbox events, retry them, run the
+relay and see them published. Saves a screenshot of the dashboard in artifacts/."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import transaction
+
+import outbox
+from outbox.models import OperatorAction, OutboxEvent
+from outbox.producer import close_producers
+from outbox.relay import Relay
+
+CHROMEDRIVER = "/usr/bin/chromedriver"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(settings.BASE_DIR) / "artifacts"
+
+pytestmark = [
+    pytest.mark.kafka,
+    pytest.mark.skipif(
+        not Path(CHROMEDRIVER).exists(),
+        reason="needs Debian's chromium and chromium-driver: make browser-deps",
+    ),
+]
+
+
+@pytest.fixture
+def browser(tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1440,1800",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.implicitly_wait(10)
+    yield driver
+    driver.quit()
+
+
+def _failed_events(topic: str, count: int) -> list[OutboxEvent]:
+    with transaction.atomic():
+        events = [
+            outbox.publish(
+                aggregate_type="payment",
+                aggregate_id=f"payment-{number}",
+                event_type="PaymentCompleted",
+                payload={"number": number},
+                topic=topic,
+            )
+            for number in range(count)
+        ]
+    OutboxEvent.objects.filter(pk__in=[e.pk for e in events]).update(
+        status=OutboxEvent.Status.FAILED,
+        attempts=10,
+        last_error="MSG_TIMED_OUT: Local: Message timed out",
+    )
+    return events
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_operator_retries_failed_events_from_the_browser(live_server, browser, kafka_topic):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from django.core.cache import cache
+
+    cache.clear()  # no dashboard card cached by an earlier test
+    User.objects.create_superuser("admin", "admin@example.com", "e2e-password")
+    topic = kafka_topic()
+    events = _failed_events(topic, 3)
+    ids = {str(event.pk) for event in events}
+
+    browser.get(f"{live_server.url}/admin/login/")
+    browser.find_element(By.NAME, "username").send_keys("admin")
+    browser.find_element(By.NAME, "password").send_keys("e2e-password")
+    browser.find_element(By.CSS_SELECTOR, "button[type=submit], input[type=submit]").click()
+
+    browser.get(f"{live_server.url}/admin/")
+    dashboard = browser.find_element(By.ID, "console-dashboard")
+    assert "Outbox FAILED" in dashboard.text
+    assert "MSG_TIMED_OUT" in dashboard.text
+    ARTIFACTS.mkdir(exist_ok=True)
+    assert browser.save_screenshot(str(ARTIFACTS / "console-dashboard.png"))
+
+    browser.get(f"{live_server.url}/admin/outbox/outboxevent/?status__exact=FAILED")
+    listed = browser.find_element(By.ID, "result_list").text
+    assert all(event_id in listed for event_id in ids)
+    browser.find_element(By.ID, "action-toggle").click()
+    Select(browser.find_element(By.NAME, "action")).select_by_value("retry_selected")
+    browser.find_element(By.CSS_SELECTOR, "button[name=index]").click()
+    assert "Retry: 3 of 3 selected" in browser.find_element(By.TAG_NAME, "body").text
+
+    close_producers()
+    try:
+        Relay().run(max_seconds=30)
+    finally:
+        close_producers()
+
+    browser.get(f"{live_server.url}/admin/outbox/outboxevent/?status__exact=DONE")
+    listed = browser.find_element(By.ID, "result_list").text
+    assert all(event_id in listed for event_id in ids)
+    assert OutboxEvent.objects.filter(pk__in=ids, status=OutboxEvent.Status.DONE).count() == 3
+    entry = OperatorAction.objects.get()
+    assert (entry.username, entry.action, entry.changed) == ("admin", "outbox.retry", 3)
