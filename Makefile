@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 KAFKA_BROKERS ?= 1
 export KAFKA_BROKERS
 
-.PHONY: venv services-up services-down services-status run test lint format requirements spark-jars bench-analytics
+.PHONY: browser-deps bench-console venv services-up services-down services-status run test lint format requirements spark-jars bench-analytics
 
 $(VENV)/.installed: requirements.txt
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; the project needs Python 3.11" >&2; exit 1; }
@@ -27,7 +27,7 @@ services-status:
 run: venv spark-jars
 	@scripts/run.sh
 
-test: venv services-up spark-jars
+test: venv services-up spark-jars browser-deps
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # The PostgreSQL JDBC driver and spark-sql-kafka for the analytics job, into .local/spark-jars.
@@ -40,11 +40,18 @@ bench-analytics: venv services-up spark-jars
 	DATABASE_URL=postgres://outbox:outbox@127.0.0.1:5432/outbox_bench \
 	  $(BIN)/python manage.py analytics_bench --events $(BENCH_EVENTS)
 
-# One inbox consumer process: 100k events of 1 KB on 6 partitions, rates on new events, on
-# duplicates and of a naive per-message-commit consumer. BENCH_INBOX_ARGS="--events 20000".
-.PHONY: bench-inbox
-bench-inbox: venv services-up
-	$(BIN)/python benchmarks/inbox_bench.py $(BENCH_INBOX_ARGS)
+# Debian's chromium and chromium-driver for the console's browser test (never a downloaded
+# browser). Needs root or sudo the first time; a no-op once they are installed.
+browser-deps:
+	@test -x /usr/bin/chromedriver && command -v chromium >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver; }
+
+# 1M outbox and 1M inbox rows in the database <dev db>_console_bench, then p50/p95 of the
+# admin lists, API lists and dashboard. BENCH_CONSOLE_ARGS="--rows 100000 --runs 50" to vary.
+bench-console: venv services-up
+	$(BIN)/python benchmarks/console_bench.py $(BENCH_CONSOLE_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .

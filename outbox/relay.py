@@ -23,6 +23,7 @@ from outbox.services import (
     ClaimedEvent,
     Delivery,
     DeliveryFailure,
+    encode_payload,
     outbox_events_claim,
     outbox_events_mark_failed,
     outbox_events_mark_published,
@@ -159,7 +160,7 @@ class Relay:
                     kafka.produce(
                         event.topic,
                         key=event.key.encode(),
-                        value=event.payload_json.encode(),
+                        value=encode_payload(event.payload),
                         headers=record_headers(event),
                         on_delivery=partial(reports.on_delivery, event.id),
                     )

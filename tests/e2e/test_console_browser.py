@@ -77,10 +77,9 @@ def _failed_events(topic: str, count: int) -> list[OutboxEvent]:
 
 @pytest.mark.django_db(transaction=True)
 def test_an_operator_retries_failed_events_from_the_browser(live_server, browser, kafka_topic):
+    from django.core.cache import cache
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
-
-    from django.core.cache import cache
 
     cache.clear()  # no dashboard card cached by an earlier test
     User.objects.create_superuser("admin", "admin@example.com", "e2e-password")
