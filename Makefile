@@ -40,6 +40,12 @@ bench-analytics: venv services-up spark-jars
 	DATABASE_URL=postgres://outbox:outbox@127.0.0.1:5432/outbox_bench \
 	  $(BIN)/python manage.py analytics_bench --events $(BENCH_EVENTS)
 
+# One inbox consumer process: 100k events of 1 KB on 6 partitions, rates on new events, on
+# duplicates and of a naive per-message-commit consumer. BENCH_INBOX_ARGS="--events 20000".
+.PHONY: bench-inbox
+bench-inbox: venv services-up
+	$(BIN)/python benchmarks/inbox_bench.py $(BENCH_INBOX_ARGS)
+
 # Debian's chromium and chromium-driver for the console's browser test (never a downloaded
 # browser). Needs root or sudo the first time; a no-op once they are installed.
 browser-deps:

@@ -23,7 +23,6 @@ from outbox.services import (
     ClaimedEvent,
     Delivery,
     DeliveryFailure,
-    encode_payload,
     outbox_events_claim,
     outbox_events_mark_failed,
     outbox_events_mark_published,
@@ -160,7 +159,7 @@ class Relay:
                     kafka.produce(
                         event.topic,
                         key=event.key.encode(),
-                        value=encode_payload(event.payload),
+                        value=event.payload_json.encode(),
                         headers=record_headers(event),
                         on_delivery=partial(reports.on_delivery, event.id),
                     )

@@ -36,14 +36,15 @@ STANDARD_HEADERS = frozenset(
 
 
 def encode_payload(payload: Any) -> bytes:
-    """The record value: the payload as compact UTF-8 JSON."""
+    """The payload as UTF-8 JSON, spaced as PostgreSQL prints jsonb (the relay sends that
+    text), so that the size limit counts what goes to Kafka."""
     try:
         text = json.dumps(
             payload,
             cls=DjangoJSONEncoder,
             ensure_ascii=False,
             allow_nan=False,
-            separators=(",", ":"),
+            separators=(", ", ": "),
         )
     except (TypeError, ValueError) as error:
         raise InvalidPayload(
@@ -216,7 +217,7 @@ SET locked_until = now() + make_interval(secs => %(lease_seconds)s),
     locked_by = %(relay_id)s
 FROM candidates
 WHERE event.id = candidates.id
-RETURNING event.id, event.aggregatetype, event.aggregateid, event.type, event.payload,
+RETURNING event.id, event.aggregatetype, event.aggregateid, event.type, event.payload::text,
           event.headers, event.topic, event.key, event.created_at, event.attempts,
           event.position
 """
@@ -228,7 +229,8 @@ class ClaimedEvent:
     aggregate_type: str
     aggregate_id: str
     event_type: str
-    payload: Any
+    # The stored JSON as PostgreSQL prints it: sent as it is, never parsed on the hot path.
+    payload_json: str
     headers: dict[str, str]
     topic: str
     key: str
@@ -269,7 +271,7 @@ def outbox_events_claim(*, relay_id: str, batch_size: int) -> list[ClaimedEvent]
             aggregate_type=row[1],
             aggregate_id=row[2],
             event_type=row[3],
-            payload=json.loads(row[4]) if isinstance(row[4], str) else row[4],
+            payload_json=row[4],
             headers=json.loads(row[5]) if isinstance(row[5], str) else row[5],
             topic=row[6],
             key=row[7],

@@ -153,3 +153,20 @@ def test_positions_follow_creation_order():
     positions = [event.position for event in events]
     assert positions == sorted(positions)
     assert len(set(positions)) == 5
+
+
+def test_the_size_limit_counts_the_bytes_the_relay_will_send(settings):
+    from django.db import connection
+
+    settings.OUTBOX_MAX_PAYLOAD_BYTES = 1000
+    # Many small elements: the spaced form PostgreSQL prints is much longer than compact JSON.
+    payload = {"items": [1] * 300}
+    with transaction.atomic():
+        with pytest.raises(PayloadTooLarge):
+            outbox.publish(**{**EVENT, "payload": {"items": [1] * 400}})
+        event = outbox.publish(**{**EVENT, "payload": payload})
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT payload::text FROM outbox_event WHERE id = %s", [event.id])
+        sent = cursor.fetchone()[0].encode()
+    assert len(sent) <= 1000
+    assert len(sent) > len(b'{"items":[' + b",".join([b"1"] * 300) + b"]}")
