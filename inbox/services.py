@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
@@ -78,18 +79,66 @@ def format_error(error: BaseException) -> str:
     return f"{kind}: {error}\n{frames}"[:LAST_ERROR_MAX_CHARS]
 
 
+def _binary_cursor() -> psycopg.Cursor[Any]:
+    """A psycopg cursor with server-side binding, for the batch statements: their arrays go
+    over the wire in binary (%b), with no quoting of a batch's payloads in Python."""
+    connection.ensure_connection()
+    return psycopg.Cursor(connection.connection)
+
+
 def _require_atomic() -> None:
     if not connection.in_atomic_block:
         raise InvalidTransition("Call this inside transaction.atomic().")
 
 
+# The savepoint a handler runs in; handlers run one after another, so one name serves all.
+HANDLER_SAVEPOINT = "inbox_handler"
+
+
+class _LazySavepoint:
+    """Issues the handler's SAVEPOINT just before its first query (a Django execute wrapper),
+    so a handler that touches no table costs no round trip; one that does gets the same
+    savepoint, as early as it can matter."""
+
+    def __init__(self) -> None:
+        self.created = False
+
+    def __call__(self, execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
+        if not self.created:
+            _raw_execute(f"SAVEPOINT {HANDLER_SAVEPOINT}")
+            self.created = True
+        return execute(sql, params, many, context)
+
+
+def _raw_execute(sql: str) -> None:
+    # Straight to psycopg: Django's cursor would run the execute wrappers again.
+    connection.ensure_connection()
+    with connection.connection.cursor() as cursor:
+        cursor.execute(sql)
+
+
 def _run_handler(entry: Handler, message: InboxMessage) -> tuple[BaseException | None, float]:
+    """Runs a handler in a savepoint: on failure its writes and its on_commit callbacks are
+    discarded, the rest of the transaction is kept. Handlers write through Django's default
+    connection (its ORM or connection.cursor()); that is what the savepoint covers."""
     started = time.perf_counter()
+    savepoint = _LazySavepoint()
+    callbacks = len(connection.run_on_commit)
+    error: BaseException | None = None
     try:
-        # The savepoint: a failing handler's writes roll back, the batch's do not.
-        with transaction.atomic():
+        with connection.execute_wrapper(savepoint):
             entry.function(message)
-    except Exception as error:
+        if savepoint.created:
+            _raw_execute(f"RELEASE SAVEPOINT {HANDLER_SAVEPOINT}")
+    except Exception as caught:
+        error = caught
+        if savepoint.created:
+            _raw_execute(f"ROLLBACK TO SAVEPOINT {HANDLER_SAVEPOINT}")
+            _raw_execute(f"RELEASE SAVEPOINT {HANDLER_SAVEPOINT}")
+        # What the handler asked to run after commit belongs to the work just undone.
+        del connection.run_on_commit[callbacks:]
+        # The transaction is usable again (a failed query in the handler marked it broken).
+        transaction.set_rollback(False)
         logger.warning(
             "Handler %s failed on %s %s: %s",
             entry.name,
@@ -97,8 +146,7 @@ def _run_handler(entry: Handler, message: InboxMessage) -> tuple[BaseException |
             message.event_id,
             error,
         )
-        return error, time.perf_counter() - started
-    return None, time.perf_counter() - started
+    return error, time.perf_counter() - started
 
 
 def _failure_state(*, attempts: int, now: dt.datetime) -> tuple[str, dt.datetime | None]:
@@ -116,14 +164,15 @@ INSERT INTO inbox_message (
 )
 SELECT r.event_id, %(group)s, r.topic, r.partition, r.offset, r.key, r.event_type,
     r.aggregate_type, r.aggregate_id, r.payload::jsonb, r.headers::jsonb, r.raw_value,
-    r.raw_value_encoding, r.status, 0, NULL, r.last_error, r.published_at, %(now)s, NULL,
+    r.raw_value_encoding, r.status, CASE WHEN r.status = 'DONE' THEN 1 ELSE 0 END, NULL,
+    r.last_error, r.published_at, %(now)s, CASE WHEN r.status = 'DONE' THEN %(now)s END,
     r.duplicate_count, CASE WHEN r.duplicate_count > 0 THEN %(now)s::timestamptz END
 FROM unnest(
-    %(event_id)s::text[], %(topic)s::text[], %(partition)s::integer[], %(offset)s::bigint[],
-    %(key)s::text[], %(event_type)s::text[], %(aggregate_type)s::text[],
-    %(aggregate_id)s::text[], %(payload)s::text[], %(headers)s::text[], %(raw_value)s::text[],
-    %(raw_value_encoding)s::text[], %(status)s::text[], %(last_error)s::text[],
-    %(published_at)s::timestamptz[], %(duplicate_count)s::integer[]
+    %(event_id)b::text[], %(topic)b::text[], %(partition)b::integer[], %(offset)b::bigint[],
+    %(key)b::text[], %(event_type)b::text[], %(aggregate_type)b::text[],
+    %(aggregate_id)b::text[], %(payload)b::text[], %(headers)b::text[], %(raw_value)b::text[],
+    %(raw_value_encoding)b::text[], %(status)b::text[], %(last_error)b::text[],
+    %(published_at)b::timestamptz[], %(duplicate_count)b::integer[]
 ) AS r(
     event_id, topic, partition, "offset", key, event_type, aggregate_type, aggregate_id,
     payload, headers, raw_value, raw_value_encoding, status, last_error, published_at,
@@ -140,7 +189,7 @@ UPDATE inbox_message AS m SET
     status = u.status, attempts = u.attempts, next_attempt_at = u.next_attempt_at,
     last_error = u.last_error, processed_at = u.processed_at
 FROM unnest(
-    %s::bigint[], %s::text[], %s::integer[], %s::timestamptz[], %s::text[], %s::timestamptz[]
+    %b::bigint[], %b::text[], %b::integer[], %b::timestamptz[], %b::text[], %b::timestamptz[]
 ) AS u(id, status, attempts, next_attempt_at, last_error, processed_at)
 WHERE m.id = u.id
 """
@@ -189,7 +238,10 @@ def _classify(
                 record, None, FAILED, last_error=poison_description(poison)
             )
             continue
-        rows[record.event_id] = _Row(record, entry, PENDING)
+        # Inserted as DONE, the state its handler's success leaves it in, so the common case
+        # needs no UPDATE; a failure or a deferral rewrites the row in the same transaction,
+        # and no other transaction ever sees the difference.
+        rows[record.event_id] = _Row(record, entry, DONE)
     return list(rows.values())
 
 
@@ -216,7 +268,7 @@ def _insert(
         "published_at": [row.record.published_at for row in rows],
         "duplicate_count": [row.extra_deliveries for row in rows],
     }
-    with connection.cursor() as cursor:
+    with _binary_cursor() as cursor:
         cursor.execute(_INSERT_SQL, params)
         return {
             event_id: (pk, inserted, status, attempts, duplicate_count)
@@ -329,6 +381,8 @@ def inbox_message_record_batch(
     `exactly_once`) the next offsets commit together. Each handler runs in a savepoint; a
     failure is recorded on its row and does not stop the batch. Handlers not started by
     `deadline` (time.monotonic()) are left PENDING and due now, for the retry task.
+    A row's processed_at is the time the batch was recorded (the handler ran later in the
+    same transaction, before its commit).
     """
     _require_atomic()
     registry = registry if registry is not None else get_registry()
@@ -362,6 +416,8 @@ def inbox_message_record_batch(
     updates: list[tuple[int, str, int, dt.datetime | None, str, dt.datetime | None]] = []
     for row in rows:
         pk, inserted, status, attempts, duplicate_count = returned[row.record.event_id]
+        if inserted and row.entry is not None:
+            attempts = 0  # inserted as DONE after one attempt, the one about to run
         if inserted:
             result.inserted += 1
             result.duplicates += row.extra_deliveries
@@ -392,7 +448,8 @@ def inbox_message_record_batch(
         finished = timezone.now()
         if error is None:
             result.processed += 1
-            updates.append((pk, DONE, attempts + 1, None, "", finished))
+            if not inserted:
+                updates.append((pk, DONE, attempts + 1, None, "", finished))
             if row.record.published_at is not None:
                 result.consume_lag_seconds.append(
                     (finished - row.record.published_at).total_seconds()
@@ -404,7 +461,7 @@ def inbox_message_record_batch(
                 (pk, new_status, attempts + 1, next_attempt_at, format_error(error), None)
             )
     if updates:
-        with connection.cursor() as cursor:
+        with _binary_cursor() as cursor:
             cursor.execute(_UPDATE_SQL, [list(column) for column in zip(*updates, strict=True)])
     if exactly_once:
         consumer_offsets_store(group=group, next_offsets=next_offsets)

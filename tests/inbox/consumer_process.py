@@ -3,8 +3,9 @@
     consumer_process.py --group G --topic T [--handler-sleep S] [--broken-commit-order]
 
 The handler registered for event type "Effect" (and "OrderPlaced") inserts a row into
-inbox_test_effect. --broken-commit-order commits offsets before the database transaction,
-the bug the crash tests must catch.
+inbox_test_effect (and with --chain-topic publishes an outbox event in the same transaction).
+--broken-commit-order commits offsets before the database transaction, the bug the crash
+tests must catch.
 """
 
 import argparse
@@ -25,6 +26,7 @@ from inbox import handler  # noqa: E402
 from inbox.consumer import InboxConsumer  # noqa: E402
 from inbox.models import InboxMessage  # noqa: E402
 from inbox.services import BatchResult  # noqa: E402
+from outbox import publish  # noqa: E402
 from tests.inbox.conftest import record_effect  # noqa: E402
 
 
@@ -34,12 +36,23 @@ def main() -> None:
     parser.add_argument("--topic", required=True)
     parser.add_argument("--handler-sleep", type=float, default=0.0)
     parser.add_argument("--broken-commit-order", action="store_true")
+    parser.add_argument(
+        "--chain-topic", help="the handler also publishes a ShipmentRequested outbox event here"
+    )
     args = parser.parse_args()
 
     def apply_effect(message: InboxMessage) -> None:
         if args.handler_sleep:
             time.sleep(args.handler_sleep)
         record_effect(group=message.consumer_group, event_id=message.event_id)
+        if args.chain_topic:
+            publish(
+                aggregate_type="shipment",
+                aggregate_id=message.event_id,
+                event_type="ShipmentRequested",
+                payload={"for": message.event_id},
+                topic=args.chain_topic,
+            )
 
     for event_type in ("Effect", "OrderPlaced"):
         handler(event_type=event_type, topic=args.topic, group=args.group)(apply_effect)

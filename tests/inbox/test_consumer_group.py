@@ -22,7 +22,7 @@ def test_two_consumers_with_rebalances_process_every_event_exactly_once(
     events = make_events(EVENTS, event_type="Effect")
     produce(topic, events)  # keyed by aggregate id: spread over the 6 partitions
     # Small batches of slowish handlers, so that both rebalances land mid-stream.
-    slow = {"INBOX_BATCH_SIZE": "10", "extra_args": ["--handler-sleep", "0.01"]}
+    slow = {"INBOX_BATCH_SIZE": "10", "extra_args": ["--handler-sleep", "0.025"]}
 
     first = consumer_process(group=group, topic=topic, **slow)
     wait_for(lambda: len(effect_counts(group)) >= 100, what="the first consumer to start")

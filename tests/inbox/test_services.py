@@ -204,3 +204,59 @@ def test_purge_keeps_rows_younger_than_the_retention(applied):
     with override_settings(INBOX_RETENTION_DAYS=14):
         assert inbox_messages_purge_processed() == 0
     assert InboxMessage.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_handler_s_on_commit_callbacks_are_discarded(inbox_registry, effects):
+    ran: list[str] = []
+
+    @handler(event_type="OrderPlaced", topic="t", group=GROUP)
+    def apply(message):
+        record_effect(group=GROUP, event_id=message.event_id)
+        transaction.on_commit(lambda: ran.append(message.event_id))
+        if message.payload.get("fail"):
+            raise RuntimeError("no")
+
+    ok, bad = Event(), Event(payload={"fail": True})
+    record_batch(records([ok, bad]))
+    assert ran == [ok.event_id]
+    assert effect_counts(GROUP) == {ok.event_id: 1}
+
+
+def test_handlers_may_use_atomic_blocks_of_their_own(inbox_registry, effects):
+    @handler(event_type="OrderPlaced", topic="t", group=GROUP)
+    def apply(message):
+        with transaction.atomic():
+            record_effect(group=GROUP, event_id=message.event_id)
+        try:
+            with transaction.atomic():
+                record_effect(group=GROUP, event_id="rolled back")
+                raise ValueError("inner")
+        except ValueError:
+            pass
+
+    event = Event()
+    result = record_batch(records([event]))
+    assert result.processed == 1
+    assert effect_counts(GROUP) == {event.event_id: 1}
+
+
+def test_a_handler_that_swallows_a_database_error_fails_cleanly(inbox_registry, effects):
+    from django.db import DatabaseError, connection
+
+    @handler(event_type="OrderPlaced", topic="t", group=GROUP)
+    def apply(message):
+        record_effect(group=GROUP, event_id=message.event_id)
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1/0")
+        except DatabaseError:
+            pass  # the transaction is aborted now; the inbox must not commit on top of it
+
+    first, second = Event(), Event()
+    result = record_batch(records([first, second]))
+    assert result.failed == 2
+    assert effect_counts(GROUP) == {}
+    rows = InboxMessage.objects.all()
+    assert {r.status for r in rows} == {"PENDING"}
+    assert all("InFailedSqlTransaction" in r.last_error for r in rows)

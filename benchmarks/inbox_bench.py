@@ -1,0 +1,265 @@
+"""Inbox consumer benchmark: one process, real Kafka and PostgreSQL.
+
+    .venv/bin/python benchmarks/inbox_bench.py [--events 100000] [--partitions 6] [--size 1024]
+
+Puts --events relay-format records of about --size bytes on a new topic with --partitions
+partitions, then measures in this one process:
+1. new events: the inbox consumer (batches, set-based dedup insert, a savepoint per
+   handler, offsets committed after the database commit), every event new;
+2. duplicates: the same records replayed to the same group (offsets reset to 0), all
+   duplicates;
+3. naive: a consumer that records each message in its own transaction and commits its
+   offset synchronously after each one, on the first --naive-events records.
+The handler is a no-op, so the figures measure the inbox's own cost. It works in a database
+of its own (--database, created and dropped here) and deletes its topic afterwards.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings.local")
+
+import django
+
+django.setup()
+
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.db import IntegrityError, connection, transaction  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from inbox.config import inbox_consumer_config  # noqa: E402
+from inbox.consumer import InboxConsumer  # noqa: E402
+from inbox.models import InboxMessage  # noqa: E402
+from inbox.records import parse_record  # noqa: E402
+from inbox.registry import HandlerRegistry, scoped_registry  # noqa: E402
+from inbox.registry import handler as register_handler  # noqa: E402
+from inbox.services import BatchResult  # noqa: E402
+from project.kafka import kafka_connection_config  # noqa: E402
+
+TIMEOUT_SECONDS = 60
+EVENT_TYPE = "BenchEvent"
+
+
+def noop(message: InboxMessage) -> None:
+    """The benchmark's handler: no work of its own."""
+
+
+def produce(topic: str, *, events: int, size: int) -> float:
+    producer = Producer(
+        {
+            **kafka_connection_config(),
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 20,
+            "batch.size": 1_000_000,
+            "compression.type": "lz4",
+        }
+    )
+    padding = "x" * max(0, size - 120)
+    started = time.perf_counter()
+    for number in range(events):
+        aggregate_id = str(number % 5000)
+        payload = json.dumps({"number": number, "aggregate": aggregate_id, "padding": padding})
+        headers = [
+            ("event_id", str(uuid.uuid4()).encode()),
+            ("event_type", EVENT_TYPE.encode()),
+            ("aggregate_type", b"bench"),
+            ("aggregate_id", aggregate_id.encode()),
+            ("created_at", timezone.now().isoformat().encode()),
+            ("content-type", b"application/json"),
+        ]
+        while True:
+            try:
+                producer.produce(
+                    topic, key=aggregate_id.encode(), value=payload.encode(), headers=headers
+                )
+                break
+            except BufferError:
+                producer.poll(0.1)
+        producer.poll(0)
+    if producer.flush(TIMEOUT_SECONDS) != 0:
+        raise SystemExit("Kafka did not acknowledge every benchmark record")
+    return time.perf_counter() - started
+
+
+def run_inbox_consumer(
+    *, group: str, topic: str, registry: HandlerRegistry, events: int, batch_size: int
+) -> tuple[float, BatchResult]:
+    total = BatchResult()
+    timing: dict[str, float] = {}
+
+    def on_batch(result: BatchResult) -> None:
+        timing.setdefault("first", time.perf_counter())
+        timing["last"] = time.perf_counter()
+        for name in ("consumed", "inserted", "duplicates", "processed", "failed"):
+            setattr(total, name, getattr(total, name) + getattr(result, name))
+
+    consumer = InboxConsumer(
+        group=group,
+        topics=[topic],
+        registry=registry,
+        batch_size=batch_size,
+        poll_timeout=0.5,
+        on_batch=on_batch,
+    )
+    consumer.start()
+    # The clock starts when the first record arrives, so the group join is not counted.
+    first = None
+    deadline = time.monotonic() + TIMEOUT_SECONDS
+    while first is None:
+        first = consumer.consumer.poll(0.5)
+        if time.monotonic() > deadline:
+            raise SystemExit("no records arrived")
+    started = time.perf_counter()
+    consumer._in_flight = [first]
+    consumer._in_flight.extend(consumer.consumer.consume(batch_size - 1, timeout=0))
+    batch, consumer._in_flight = consumer._in_flight, []
+    consumer._process(batch)
+    try:
+        while total.consumed < events:
+            consumer.poll_batch()
+    finally:
+        consumer.close()
+    return timing["last"] - started, total
+
+
+def reset_offsets(group: str, topic: str, partitions: int) -> None:
+    admin = AdminClient(kafka_connection_config())
+    request = ConsumerGroupTopicPartitions(
+        group, [TopicPartition(topic, p, 0) for p in range(partitions)]
+    )
+    for future in admin.alter_consumer_group_offsets([request]).values():
+        future.result(timeout=TIMEOUT_SECONDS)
+
+
+def run_naive_consumer(*, group: str, topic: str, events: int) -> float:
+    """Per message: one transaction (insert, handler in a savepoint, mark done), then a
+    synchronous commit of that message's offset."""
+    consumer = Consumer(inbox_consumer_config(group=group))
+    consumer.subscribe([topic])
+    done = 0
+    started: float | None = None
+    try:
+        while done < events:
+            message = consumer.poll(0.5)
+            if message is None or message.error():
+                continue
+            started = started or time.perf_counter()
+            record = parse_record(message)
+            with transaction.atomic():
+                try:
+                    with transaction.atomic():
+                        row = InboxMessage.objects.create(
+                            event_id=record.event_id,
+                            consumer_group=group,
+                            topic=record.topic,
+                            partition=record.partition,
+                            offset=record.offset,
+                            key=record.key,
+                            event_type=record.event_type,
+                            aggregate_type=record.aggregate_type,
+                            aggregate_id=record.aggregate_id,
+                            payload=record.payload,
+                            headers=record.headers,
+                            published_at=record.published_at,
+                        )
+                except IntegrityError:
+                    row = None
+                if row is not None:
+                    with transaction.atomic():
+                        noop(row)
+                    row.status = InboxMessage.Status.DONE
+                    row.attempts = 1
+                    row.processed_at = timezone.now()
+                    row.save(update_fields=["status", "attempts", "processed_at"])
+            consumer.commit(message=message, asynchronous=False)
+            done += 1
+    finally:
+        consumer.close()
+    assert started is not None
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument("--size", type=int, default=1024, help="payload bytes per event")
+    parser.add_argument("--naive-events", type=int, default=5_000)
+    parser.add_argument("--batch-size", type=int, default=settings.INBOX_BATCH_SIZE)
+    parser.add_argument("--database", default="bench_inbox")
+    args = parser.parse_args()
+
+    settings.DATABASES["default"].setdefault("TEST", {})["NAME"] = args.database
+    original_name = settings.DATABASES["default"]["NAME"]
+    connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
+    admin = AdminClient(kafka_connection_config())
+    topic = f"bench.inbox.{uuid.uuid4().hex[:10]}"
+    admin.create_topics([NewTopic(topic, num_partitions=args.partitions)])[topic].result(
+        timeout=TIMEOUT_SECONDS
+    )
+    group = f"bench-inbox-{uuid.uuid4().hex[:8]}"
+    registry = HandlerRegistry()
+    try:
+        with scoped_registry(registry):
+            register_handler(event_type=EVENT_TYPE, topic=topic, group=group)(noop)
+        print(
+            f"inbox benchmark: {args.events} events of {args.size} B on {args.partitions} "
+            f"partitions, batch size {args.batch_size}, database {args.database}"
+        )
+        produced = produce(topic, events=args.events, size=args.size)
+        print(f"  produced in {produced:.1f}s")
+
+        new_seconds, new = run_inbox_consumer(
+            group=group,
+            topic=topic,
+            registry=registry,
+            events=args.events,
+            batch_size=args.batch_size,
+        )
+        assert new.inserted == new.processed == args.events, new
+        reset_offsets(group, topic, args.partitions)
+        dup_seconds, dup = run_inbox_consumer(
+            group=group,
+            topic=topic,
+            registry=registry,
+            events=args.events,
+            batch_size=args.batch_size,
+        )
+        assert dup.duplicates == args.events, dup
+        assert dup.processed == 0, dup
+        naive_events = min(args.naive_events, args.events)
+        naive_seconds = run_naive_consumer(group=f"{group}-naive", topic=topic, events=naive_events)
+
+        new_rate = args.events / new_seconds
+        dup_rate = args.events / dup_seconds
+        naive_rate = naive_events / naive_seconds
+        rows: list[tuple[str, Any, float, float]] = [
+            ("inbox, new events", args.events, new_seconds, new_rate),
+            ("inbox, all duplicates", args.events, dup_seconds, dup_rate),
+            ("naive, commit per message", naive_events, naive_seconds, naive_rate),
+        ]
+        print(f"  {'consumer':<28}{'events':>9}{'seconds':>10}{'events/s':>11}")
+        for name, count, seconds, rate in rows:
+            print(f"  {name:<28}{count:>9}{seconds:>10.2f}{rate:>11.0f}")
+        print(
+            f"  new >= 5000/s: {'yes' if new_rate >= 5000 else 'NO'}; "
+            f"duplicates/new: {dup_rate / new_rate:.2f}x; "
+            f"new/naive: {new_rate / naive_rate:.1f}x (target >= 10x)"
+        )
+    finally:
+        admin.delete_topics([topic])[topic].result(timeout=TIMEOUT_SECONDS)
+        connection.creation.destroy_test_db(original_name, verbosity=0)
+
+
+if __name__ == "__main__":
+    main()
