@@ -65,7 +65,7 @@ def demo_duplicate_send(*, event: OutboxEvent, producer: Producer) -> None:
         aggregate_type=event.aggregate_type,
         aggregate_id=event.aggregate_id,
         event_type=event.event_type,
-        payload=event.payload,
+        payload_json=encode_payload(event.payload).decode(),
         headers=event.headers,
         topic=event.topic,
         key=event.key,
@@ -76,6 +76,6 @@ def demo_duplicate_send(*, event: OutboxEvent, producer: Producer) -> None:
     producer.produce(
         event.topic,
         key=event.key.encode(),
-        value=encode_payload(event.payload),
+        value=claimed.payload_json.encode(),
         headers=record_headers(claimed),
     )

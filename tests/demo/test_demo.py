@@ -1,6 +1,7 @@
 """The demo: a payment and its event in one transaction; the delivery handler, its injected
 failures and its chained event; duplicates; and DEMO_ENABLED=false leaving no handler."""
 
+import json
 import subprocess
 import sys
 import uuid
@@ -124,3 +125,35 @@ def test_demo_enabled_false_registers_no_handler_and_installs_no_app():
         demo="false",
     )
     assert apps.stdout.strip().splitlines()[-1] == "False"
+
+
+@pytest.mark.kafka
+def test_a_duplicate_send_repeats_the_record_with_the_same_event_id(
+    kafka_topic, kafka_consumer_config
+):
+    from confluent_kafka import Consumer, Producer
+
+    from demo.services import demo_duplicate_send
+    from project.kafka import kafka_connection_config
+
+    topic = kafka_topic()
+    payment_complete(order_id="order-5", amount=Decimal(7))
+    event = OutboxEvent.objects.get()
+    OutboxEvent.objects.filter(pk=event.pk).update(topic=topic)
+    event.refresh_from_db()
+    producer = Producer(kafka_connection_config())
+    demo_duplicate_send(event=event, producer=producer)
+    producer.flush(10)
+    consumer = Consumer(kafka_consumer_config)
+    consumer.subscribe([topic])
+    message = None
+    for _ in range(30):
+        message = consumer.poll(1.0)
+        if message is not None and message.error() is None:
+            break
+    consumer.close()
+    assert message is not None
+    headers = {name: value.decode() for name, value in message.headers() or []}
+    assert headers["event_id"] == str(event.pk)
+    assert headers["event_type"] == "PaymentCompleted"
+    assert json.loads(message.value())["order_id"] == "order-5"
