@@ -55,7 +55,7 @@ def test_app_variables_are_ones_the_settings_read(compose):
 
 def test_kafka_is_the_official_image_of_the_version_the_scripts_run(compose):
     pom = (BASE_DIR / "scripts" / "kafka" / "pom.xml").read_text()
-    version = re.search(r"<kafka.version>(.+?)</kafka.version>", pom).group(1)  # type: ignore[union-attr]
+    version = re.search(r"<kafka.version>(.+?)</kafka.version>", pom).group(1)
     kafka = compose["services"]["kafka"]
     assert kafka["image"] == f"apache/kafka:{version}"
     assert kafka["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"
