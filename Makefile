@@ -34,10 +34,10 @@ test: venv services-up spark-jars browser-deps
 spark-jars:
 	@scripts/spark-jars.sh
 
-# Generates 1M events in the database outbox_bench and times the analytics job on them.
+# Generates 1M events in the database outbox_analytics_bench and times the analytics job on them.
 BENCH_EVENTS ?= 1000000
 bench-analytics: venv services-up spark-jars
-	DATABASE_URL=postgres://outbox:outbox@127.0.0.1:5432/outbox_bench \
+	DATABASE_URL=postgres://outbox:outbox@127.0.0.1:5432/outbox_analytics_bench \
 	  $(BIN)/python manage.py analytics_bench --events $(BENCH_EVENTS)
 
 # One inbox consumer process: 100k events of 1 KB on 6 partitions, rates on new events, on

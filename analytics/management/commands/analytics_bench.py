@@ -1,0 +1,306 @@
+"""Benchmark of the analytics job: generates N events (outbox rows, and inbox rows for 1.5
+consumer groups per event with 1% duplicates) with PostgreSQL's generate_series, runs the
+job on them, and prints its wall time (Spark's start included), rows per second and peak
+memory next to the same lag percentiles computed by one PostgreSQL query.
+
+Runs only against a database whose name ends in "analytics_bench" (make bench-analytics uses
+outbox_analytics_bench), which it creates and migrates if needed: it empties the outbox and inbox
+tables of that database before generating.
+"""
+
+import resource
+import statistics
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connection
+from psycopg import sql
+
+from analytics.models import AnalyticsRun, DeliveryLagStat
+
+# Fixed and long past: every SLA has passed, and a second run reuses the same data.
+BENCH_START = datetime(2025, 1, 1, tzinfo=UTC)
+BENCH_HOURS = 24
+TOPICS = 4
+EVENT_TYPES = 8
+# Every topic is read by group-a; even topics by group-b too: 1.5 inbox rows per event.
+GROUPS = ("group-a", "group-b")
+
+OUTBOX_SQL = """
+INSERT INTO outbox_event (
+    id, aggregatetype, aggregateid, type, payload, headers, topic, key, status, attempts,
+    next_attempt_at, last_error, created_at, published_at, kafka_partition, kafka_offset,
+    updated_at, locked_by
+)
+SELECT
+    md5('bench-' || g)::uuid, 'order', 'agg-' || mod(g, 10000), 'type.' || mod(g, %(types)s),
+    '{}'::jsonb, '{}'::jsonb, 'bench.topic.' || mod(mod(g, %(types)s), %(topics)s),
+    'agg-' || mod(g, 10000),
+    CASE WHEN mod(g, 2000) = 0 THEN 'PENDING' WHEN mod(g, 2000) = 1 THEN 'FAILED' ELSE 'DONE' END,
+    CASE WHEN mod(g, 2000) = 0 THEN 0 WHEN mod(g, 2000) = 1 THEN 10
+        WHEN mod(g, 50) = 0 THEN 3 ELSE 1 END,
+    created, '', created,
+    CASE WHEN mod(g, 2000) > 1
+        -- log-normal publish lag: median 50 ms, long tail
+        THEN created + make_interval(secs => exp(ln(0.05)
+            + 0.9 * sqrt(-2 * ln(1 - random())) * cos(2 * pi() * random())))
+    END,
+    mod(g, 6), g / 6, created, ''
+FROM (
+    SELECT g, %(start)s::timestamptz
+        + make_interval(secs => (g::float8 / %(events)s) * %(seconds)s) AS created
+    FROM generate_series(0, %(events)s - 1) AS g
+) AS s
+"""
+
+INBOX_SQL = """
+INSERT INTO inbox_message (
+    event_id, consumer_group, topic, partition, "offset", key, event_type, aggregate_type,
+    aggregate_id, headers, raw_value, raw_value_encoding, status, attempts, last_error,
+    published_at, received_at, processed_at, duplicate_count, last_duplicate_at
+)
+SELECT
+    o.id::text, grp, o.topic, o.kafka_partition, o.kafka_offset, o.key, o.type, 'order',
+    o.aggregateid, '{}'::jsonb, '', '', 'DONE', 1, '', o.published_at,
+    processed - interval '2 milliseconds', processed,
+    -- 1% of deliveries are duplicates: 0.9% twice, 0.1% three times
+    CASE WHEN chance < 0.001 THEN 2 WHEN chance < 0.01 THEN 1 ELSE 0 END,
+    CASE WHEN chance < 0.01 THEN processed END
+FROM (
+    SELECT o.*, grp, random() AS chance,
+        -- log-normal consume lag: median 200 ms, long tail
+        o.published_at + make_interval(secs => exp(ln(0.2)
+            + 1.1 * sqrt(-2 * ln(1 - random())) * cos(2 * pi() * random()))) AS processed
+    FROM outbox_event o
+    CROSS JOIN (VALUES ('group-a'), ('group-b')) AS groups(grp)
+    WHERE o.status = 'DONE'
+        AND (grp = 'group-a' OR mod(right(o.topic, 1)::int, 2) = 0)
+        -- one in ten thousand is never consumed: "not consumed" findings
+        AND mod(o.kafka_offset, 10007) <> 3
+) AS o
+"""
+
+# Percentiles of every (hour, topic, event type, group, stage), as the job computes them.
+PERCENTILE_SQL = """
+WITH lags AS (
+    SELECT date_trunc('hour', created_at AT TIME ZONE 'UTC') AS hour, topic, type AS event_type,
+        '' AS consumer_group, 'publish' AS stage,
+        extract(epoch FROM published_at - created_at) AS lag
+    FROM outbox_event
+    WHERE created_at >= %(since)s AND created_at < %(until)s AND published_at IS NOT NULL
+    UNION ALL
+    SELECT date_trunc('hour', o.created_at AT TIME ZONE 'UTC'), o.topic, o.type,
+        i.consumer_group, s.stage,
+        extract(epoch FROM i.processed_at - CASE WHEN s.stage = 'consume'
+            THEN coalesce(o.published_at, i.published_at) ELSE o.created_at END)
+    FROM inbox_message i
+    JOIN outbox_event o ON o.id::text = i.event_id
+    CROSS JOIN (VALUES ('consume'), ('end_to_end')) AS s(stage)
+    WHERE o.created_at >= %(since)s AND o.created_at < %(until)s AND i.processed_at IS NOT NULL
+)
+SELECT hour, topic, event_type, consumer_group, stage, count(*),
+    percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY lag), max(lag)
+FROM lags GROUP BY 1, 2, 3, 4, 5
+"""
+
+
+def _jvm_peak_bytes(spark: Any) -> int | None:
+    """The driver JVM's peak resident set (VmHWM), read before the JVM stops."""
+    try:
+        pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except Exception:  # a measurement, not a result: report it missing
+        return None
+    return None
+
+
+def _mb(value: int | None) -> str:
+    return "n/a" if value is None else f"{value / 1024 / 1024:,.0f} MB"
+
+
+class Command(BaseCommand):
+    help = __doc__ or ""
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--events", type=int, default=1_000_000)
+        parser.add_argument(
+            "--reuse", action="store_true", help="keep the data if it already has --events events"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        database = connection.settings_dict
+        if not str(database["NAME"]).endswith("analytics_bench"):
+            raise CommandError(
+                f"The benchmark empties the outbox and inbox tables: it runs only on a database "
+                f"whose name ends in 'analytics_bench', not {database['NAME']!r}. "
+                "Use DATABASE_URL=postgres://outbox:outbox@127.0.0.1:5432/outbox_analytics_bench."
+            )
+        self._database_ensure(database)
+        call_command("migrate", verbosity=0)
+        events = options["events"]
+        since = BENCH_START
+        until = BENCH_START + timedelta(hours=BENCH_HOURS)
+        self._generate(events=events, reuse=options["reuse"], since=since)
+
+        from analytics.services import analytics_run_execute
+        from analytics.spark import spark_session_get
+
+        self.stdout.write(
+            f"job: SPARK_MASTER={settings.SPARK_MASTER}, driver memory "
+            f"{settings.SPARK_DRIVER_MEMORY}, {settings.ANALYTICS_JDBC_PARTITIONS} JDBC "
+            "partitions per table, Kafka scan off (the generated events are not in Kafka)"
+        )
+        started = time.monotonic()
+        spark = spark_session_get(app_name="analytics-bench")
+        spark_started = time.monotonic() - started
+        run = analytics_run_execute(
+            since=since,
+            until=until,
+            trigger=AnalyticsRun.Trigger.BENCHMARK,
+            spark=spark,
+            kafka_scan=False,
+        )
+        wall = time.monotonic() - started
+        jvm_peak = _jvm_peak_bytes(spark)
+        python_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        if run.status != AnalyticsRun.Status.SUCCEEDED:
+            raise CommandError(f"the job failed: {run.error}")
+        self.stdout.write(
+            f"job: {wall:.1f} s wall ({spark_started:.1f} s Spark start), {run.rows_read:,} rows "
+            f"read (outbox {run.outbox_rows:,}, inbox {run.inbox_rows:,}), "
+            f"{run.rows_read / wall:,.0f} rows/s, {run.outbox_rows / wall:,.0f} events/s; "
+            f"peak memory: driver JVM {_mb(jvm_peak)}, Python {_mb(python_peak)}; "
+            f"{run.findings} findings {run.summary}"
+        )
+        self._compare(run=run, since=since, until=until)
+
+    def _database_ensure(self, database: dict[str, Any]) -> None:
+        with psycopg.connect(
+            host=database["HOST"],
+            port=database["PORT"] or 5432,
+            user=database["USER"],
+            password=database["PASSWORD"],
+            dbname="postgres",
+            autocommit=True,
+        ) as admin:
+            exists = admin.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", [database["NAME"]]
+            ).fetchone()
+            if not exists:
+                admin.execute(
+                    sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database["NAME"]))
+                )
+                self.stdout.write(f"created database {database['NAME']}")
+
+    def _generate(self, *, events: int, reuse: bool, since: datetime) -> None:
+        with connection.cursor() as cursor:
+            if reuse:
+                cursor.execute("SELECT count(*) FROM outbox_event")
+                row = cursor.fetchone()
+                if row and row[0] == events:
+                    self.stdout.write(f"data: reusing {events:,} events")
+                    return
+            started = time.monotonic()
+            cursor.execute("TRUNCATE outbox_event, inbox_message")
+            params: dict[str, int | datetime] = {
+                "events": events,
+                "start": since,
+                "seconds": BENCH_HOURS * 3600 - 1,
+                "types": EVENT_TYPES,
+                "topics": TOPICS,
+            }
+            cursor.execute(OUTBOX_SQL, params)
+            cursor.execute(INBOX_SQL)
+            cursor.execute("ANALYZE outbox_event")
+            cursor.execute("ANALYZE inbox_message")
+            cursor.execute("SELECT count(*), sum(duplicate_count) FROM inbox_message")
+            inbox_rows, duplicates = cursor.fetchone() or (0, 0)
+        self.stdout.write(
+            f"data: {events:,} outbox events and {inbox_rows:,} inbox rows "
+            f"({duplicates:,} duplicate deliveries) generated in {time.monotonic() - started:.1f} s"
+        )
+
+    def _compare(self, *, run: AnalyticsRun, since: datetime, until: datetime) -> None:
+        started = time.monotonic()
+        with connection.cursor() as cursor:
+            cursor.execute(PERCENTILE_SQL, {"since": since, "until": until})
+            rows = cursor.fetchall()
+        elapsed = time.monotonic() - started
+        postgres = {
+            (hour.replace(tzinfo=UTC), topic, event_type, group, stage): (count, pcts, top)
+            for hour, topic, event_type, group, stage, count, pcts, top in rows
+        }
+        spark = {
+            (s.hour, s.topic, s.event_type, s.consumer_group, s.stage): s
+            for s in DeliveryLagStat.objects.filter(run=run)
+        }
+        self.stdout.write(
+            f"postgresql: the same {len(postgres)} percentile groups in one query "
+            f"(percentile_cont), {elapsed:.1f} s; Spark stored {len(spark)}"
+        )
+        differences: dict[str, list[float]] = {"p50": [], "p95": [], "p99": []}
+        count_mismatches = 0
+        for key, (count, pcts, _) in postgres.items():
+            stat = spark.get(key)
+            if stat is None or stat.count != count:
+                count_mismatches += 1
+                continue
+            for name, value in zip(("p50", "p95", "p99"), pcts, strict=True):
+                exact = float(value)
+                differences[name].append(abs(getattr(stat, name) - exact) / max(abs(exact), 1e-9))
+        self.stdout.write(f"counts that differ: {count_mismatches}")
+        for name, values in differences.items():
+            if values:
+                self.stdout.write(
+                    f"{name}: relative difference Spark vs PostgreSQL, median "
+                    f"{statistics.median(values):.2e}, max {max(values):.2e} "
+                    f"over {len(values)} groups"
+                )
+        self._overall(run=run, since=since, until=until)
+
+    def _overall(self, *, run: AnalyticsRun, since: datetime, until: datetime) -> None:
+        """One line per stage for the eye: the busiest group's percentiles side by side."""
+        self.stdout.write(
+            f"{'group':<62} {'source':<10} {'count':>8} {'p50':>9} {'p95':>9} {'p99':>9}"
+        )
+        for stage in DeliveryLagStat.Stage.values:
+            stat = DeliveryLagStat.objects.filter(run=run, stage=stage).order_by("-count").first()
+            if stat is None:
+                continue
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"SELECT * FROM ({PERCENTILE_SQL}) AS p "  # noqa: S608
+                    "WHERE hour = %(hour)s AND topic = %(topic)s AND event_type = %(type)s "
+                    "AND consumer_group = %(group)s AND stage = %(stage)s",
+                    {
+                        "since": stat.hour,
+                        "until": stat.hour + timedelta(hours=1),
+                        "hour": stat.hour.replace(tzinfo=None),
+                        "topic": stat.topic,
+                        "type": stat.event_type,
+                        "group": stat.consumer_group,
+                        "stage": stage,
+                    },
+                )
+                row = cursor.fetchone()
+            label = (
+                f"{stat.hour:%m-%d %H}h {stat.topic} {stat.event_type} "
+                f"{stat.consumer_group or '-'} {stage}"
+            )
+            self._row(label, "spark", stat.count, (stat.p50, stat.p95, stat.p99))
+            if row:
+                self._row("", "postgresql", row[5], tuple(float(v) for v in row[6]))
+
+    def _row(self, label: str, source: str, count: int, percentiles: tuple[float, ...]) -> None:
+        p50, p95, p99 = percentiles
+        self.stdout.write(
+            f"{label:<62} {source:<10} {count:>8} {p50:>9.4f} {p95:>9.4f} {p99:>9.4f}"
+        )
