@@ -30,22 +30,18 @@ def outbox_quarantined_keys(*, limit: int = 100) -> list[QuarantinedKey]:
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            WITH heads AS (
-                SELECT DISTINCT ON (topic, key)
-                       topic, key, id, status, attempts, last_error, next_attempt_at
+            SELECT topic, key, id, status, attempts, last_error, next_attempt_at, waiting
+            FROM (
+                -- One pass over the undelivered rows, in the order of their index.
+                SELECT topic, key, id, status, attempts, last_error, next_attempt_at,
+                       row_number() OVER per_key AS rank,
+                       count(*) OVER (PARTITION BY topic, key) - 1 AS waiting
                 FROM outbox_event
                 WHERE status <> 'DONE' AND discarded_at IS NULL
-                ORDER BY topic, key, position
-            )
-            SELECT heads.topic, heads.key, heads.id, heads.status, heads.attempts,
-                   heads.last_error, heads.next_attempt_at,
-                   (SELECT count(*) FROM outbox_event AS waiting
-                    WHERE waiting.topic = heads.topic AND waiting.key = heads.key
-                      AND waiting.status <> 'DONE' AND waiting.discarded_at IS NULL
-                      AND waiting.id <> heads.id)
-            FROM heads
-            WHERE heads.status = 'FAILED' OR heads.attempts > 0
-            ORDER BY heads.next_attempt_at NULLS FIRST
+                WINDOW per_key AS (PARTITION BY topic, key ORDER BY position)
+            ) AS undelivered
+            WHERE rank = 1 AND (status = 'FAILED' OR attempts > 0)
+            ORDER BY next_attempt_at NULLS FIRST
             LIMIT %s
             """,
             [limit],
