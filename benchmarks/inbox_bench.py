@@ -69,7 +69,7 @@ def produce(topic: str, *, events: int, size: int) -> float:
     for number in range(events):
         aggregate_id = str(number % 5000)
         payload = json.dumps({"number": number, "aggregate": aggregate_id, "padding": padding})
-        headers = [
+        headers: list[tuple[str, str | bytes | None]] = [
             ("event_id", str(uuid.uuid4()).encode()),
             ("event_type", EVENT_TYPE.encode()),
             ("aggregate_type", b"bench"),

@@ -37,6 +37,7 @@ def test_a_chain_of_two_services_applies_each_event_once(
 
     @handler(event_type="ShipmentRequested", topic=shipments, group=warehouse)
     def pick(message: InboxMessage) -> None:
+        assert message.payload is not None
         record_effect(group=warehouse, event_id=message.payload["payment"])
 
     payment = Event(event_type="PaymentCompleted", aggregate_id="order-7")
