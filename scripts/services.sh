@@ -87,9 +87,10 @@ apt_install() {
   [[ $(id -u) -eq 0 ]] || sudo="sudo"
   command -v apt-get >/dev/null || die "apt-get not found: install ${packages[*]} by hand"
   log install "${packages[*]} (Debian packages)"
-  if ! $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${packages[@]}" >/dev/null 2>&1; then
+  # RUNLEVEL=1: the packages' own services are not started; this script starts what it needs.
+  if ! $sudo env DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 apt-get install -y -qq "${packages[@]}" >/dev/null 2>&1; then
     $sudo apt-get update -qq >/dev/null
-    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${packages[@]}" >/dev/null
+    $sudo env DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 apt-get install -y -qq "${packages[@]}" >/dev/null
   fi
 }
 
@@ -113,13 +114,22 @@ postgres_up() {
     return
   fi
   is_loopback "$PG_HOST" || die "nothing answers at $PG_HOST:$PG_PORT and only a loopback PostgreSQL can be started here"
-  [[ -x "$PG_BIN/postgres" ]] || apt_install postgresql-15
+  if [[ ! -x "$PG_BIN/postgres" ]]; then
+    apt_install postgresql-15
+    # The package may start its own cluster on 5432; this project runs its own.
+    pg_ctlcluster 15 main stop >/dev/null 2>&1 || true
+  fi
   id postgres >/dev/null 2>&1 || die "the 'postgres' system user is missing; reinstall postgresql-15"
   mkdir -p "$LOCAL_DIR/postgres"
   chown postgres: "$LOCAL_DIR/postgres"
-  # PostgreSQL refuses to run as root, so the server runs as its own system user; the
-  # project folder must be traversable by that user.
-  chmod o+x "$PROJECT_DIR" "$LOCAL_DIR" 2>/dev/null || true
+  # PostgreSQL refuses to run as root, so the server runs as its own system user, who must
+  # be able to reach the data folder: let it traverse (not list) the folders above it.
+  local dir="$LOCAL_DIR/postgres"
+  while ! as_postgres test -x "$LOCAL_DIR/postgres" && [[ "$dir" != "/" ]]; do
+    dir="$(dirname "$dir")"
+    chmod o+x "$dir"
+    log postgres "allowed the postgres user to traverse $dir"
+  done
   if [[ ! -f "$PG_DATA/PG_VERSION" ]]; then
     log postgres "initialising $PG_DATA"
     as_postgres "$PG_BIN/initdb" -D "$PG_DATA" -U postgres -A trust -E UTF8 --locale=C.UTF-8 >/dev/null
