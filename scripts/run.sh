@@ -43,7 +43,8 @@ stop_all() {
   wait "${pids[@]}" 2>/dev/null || true
   echo "stopped (the services keep running; 'make services-down' stops them)"
 }
-trap stop_all INT TERM EXIT
+trap 'stop_all; exit 130' INT TERM
+trap stop_all EXIT
 
 echo "starting:"
 start web "$BIN/python" manage.py runserver --noreload "$RUN_HOST:$RUN_PORT"
@@ -70,3 +71,4 @@ MSG
 # Wait until Ctrl-C, or until one process dies; then stop the rest.
 wait -n "${pids[@]}" || true
 echo "a process exited; see $LOG_DIR"
+stop_all
