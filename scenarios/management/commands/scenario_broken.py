@@ -1,0 +1,75 @@
+"""Deliberately broken variants of the consumer and the relay, for the scenarios that show
+the delivery checker can fail. The breakage lives here, in the scenarios app (never installed
+in production), and is active only with SCENARIO_BROKEN=1; otherwise the real command runs."""
+
+import os
+import signal
+from datetime import UTC, datetime
+from typing import Any
+
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import transaction
+
+from inbox.consumer import InboxConsumer
+from inbox.services import BatchResult
+from outbox.producer import RelayProducer
+from outbox.relay import Relay, _Reports
+from outbox.services import ClaimedEvent, Delivery, outbox_events_mark_published
+
+BROKEN_VARIABLE = "SCENARIO_BROKEN"
+
+
+def break_consumer() -> None:
+    """Offsets committed before the database transaction: a crash inside the transaction
+    loses the batch (inbox/faults.py's before_db_commit point kills it there)."""
+    correct = InboxConsumer._record_and_commit
+
+    def broken(self: InboxConsumer, messages: Any) -> BatchResult:
+        self._commit_offsets(messages)
+        return correct(self, messages)
+
+    InboxConsumer._record_and_commit = broken  # type: ignore[method-assign]
+
+
+def break_relay() -> None:
+    """Rows marked DONE when their records are handed to the producer, before any delivery
+    report; the relay then dies before its flush, and the queued records die with it."""
+
+    def broken(
+        self: Relay, producer: RelayProducer, events: list[ClaimedEvent]
+    ) -> tuple[_Reports, bool]:
+        reports = _Reports()
+        self._produce_all(producer, events, reports)
+        now = datetime.now(UTC)
+        with transaction.atomic():
+            outbox_events_mark_published(
+                deliveries=[
+                    Delivery(event_id=event.id, partition=0, offset=-1, published_at=now)
+                    for event in events
+                ]
+            )
+        os.kill(os.getpid(), signal.SIGKILL)
+        return reports, False
+
+    Relay._publish = broken  # type: ignore[method-assign]
+
+
+class Command(BaseCommand):
+    help = "Runs inbox_consume or outbox_relay, broken on purpose when SCENARIO_BROKEN=1."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("variant", choices=["consumer-commit-first", "relay-done-first"])
+        parser.add_argument("--group")
+        parser.add_argument("--slot", default="broken")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        active = os.environ.get(BROKEN_VARIABLE) == "1"
+        if options["variant"] == "consumer-commit-first":
+            if active:
+                break_consumer()
+            call_command("inbox_consume", group=options["group"])
+        else:
+            if active:
+                break_relay()
+            call_command("outbox_relay", slot=options["slot"], poll_seconds=0.2)

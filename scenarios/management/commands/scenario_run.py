@@ -1,0 +1,144 @@
+"""Runs fault-injection scenarios on the isolated 3-broker cluster and prints a table.
+
+    manage.py scenario_run [names...] [--events N] [--keys 1000] [--json PATH]
+
+Without names it runs the twelve scenarios that must pass; without --events each runs at its
+full size (100,000 events; 20,000 for the fault-heavy ones). It starts the isolated services
+(scripts/services.sh up with the scenarios' environment) and re-runs itself under that
+environment when started with another; the default services are never touched."""
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from scenarios import faults
+from scenarios.definitions import SCENARIOS, SUITE, pick
+from scenarios.runner import ScenarioResult, prepare_database, run_scenario
+
+COLUMNS = (
+    ("scenario", 28),
+    ("N", 8),
+    ("lost", 5),
+    ("dup eff", 7),
+    ("log dups", 8),
+    ("invers", 6),
+    ("stuck", 5),
+    ("faults", 6),
+    ("after last fault", 16),
+    ("total", 7),
+    ("result", 6),
+)
+
+
+def table_header() -> str:
+    return "  ".join(
+        name.rjust(width) if i else name.ljust(width) for i, (name, width) in enumerate(COLUMNS)
+    )
+
+
+def table_row(result: ScenarioResult) -> str:
+    after = (
+        f"{result.seconds_after_last_fault:.1f} s"
+        if result.seconds_after_last_fault is not None
+        else "incomplete"
+    )
+    verdict = "PASS" if result.passed else "FAIL"
+    if result.expect_fail:
+        verdict += " (expected)" if not result.passed else " (UNEXPECTED)"
+    values = (
+        result.name,
+        f"{result.events:,}",
+        result.report.lost,
+        result.report.duplicate_effects,
+        result.report.log_duplicates,
+        result.report.inversions,
+        result.report.stuck,
+        result.faults,
+        after,
+        f"{result.seconds:.0f} s",
+        verdict,
+    )
+    return "  ".join(
+        str(value).rjust(width) if i else str(value).ljust(width)
+        for i, (value, (_, width)) in enumerate(zip(values, COLUMNS, strict=True))
+    )
+
+
+class Command(BaseCommand):
+    help = "Runs fault-injection scenarios on the isolated cluster and checks delivery."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("names", nargs="*", help=f"Default: {' '.join(SUITE)}")
+        parser.add_argument("--events", type=int, help="Default: each scenario's full size.")
+        parser.add_argument("--keys", type=int, default=1000)
+        parser.add_argument("--seed", type=int)
+        parser.add_argument("--json", help="Also write the results to this file.")
+        parser.add_argument("--list", action="store_true", help="List the scenarios and exit.")
+        parser.add_argument(
+            "--down", action="store_true", help="Stop the isolated services at the end."
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["list"]:
+            for scenario in SCENARIOS.values():
+                size = f"{scenario.full_events():,}"
+                self.stdout.write(f"{scenario.name:30} {size:>8}  {scenario.title}")
+            return
+        try:
+            scenarios = pick(options["names"] or SUITE)
+        except KeyError as error:
+            raise CommandError(str(error)) from error
+        if not faults.is_isolated():
+            self._reexecute()
+        # SIGTERM unwinds like an error, so the runner stops the processes it started.
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+        self.stdout.write(faults.services("up", timeout=900).rstrip())
+        prepare_database()
+        results: list[ScenarioResult] = []
+        self.stdout.write(table_header())
+        self.stdout.flush()
+        try:
+            for scenario in scenarios:
+                result = run_scenario(
+                    scenario,
+                    events=options["events"] or scenario.full_events(),
+                    keys=options["keys"],
+                    seed=options["seed"],
+                )
+                results.append(result)
+                self.stdout.write(table_row(result))
+                if not result.passed:
+                    self.stdout.write("    " + "; ".join(result.problems()))
+                self.stdout.flush()
+                if options["json"]:
+                    self._write_json(Path(options["json"]), results)
+        finally:
+            if options["down"]:
+                self.stdout.write(faults.services("down").rstrip())
+        failed = [r.name for r in results if not r.as_expected]
+        if failed:
+            raise CommandError(f"scenarios not as expected: {', '.join(failed)}", returncode=1)
+
+    @staticmethod
+    def _write_json(path: Path, results: list[ScenarioResult]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps([r.as_dict() for r in results], indent=2, default=str))
+
+    @staticmethod
+    def _reexecute() -> None:
+        """Runs this command again with the isolated services' environment."""
+        if sys.argv[1:2] != ["scenario_run"]:
+            raise CommandError(
+                "scenario_run must run against the isolated services; run it from the shell "
+                "(manage.py scenario_run) or with their environment (scenarios/faults.py)."
+            )
+        env = {**os.environ, **faults.isolated_environment()}
+        env["DJANGO_SETTINGS_MODULE"] = "project.settings.local"
+        manage = str(Path(settings.BASE_DIR) / "manage.py")
+        os.execve(sys.executable, [sys.executable, manage, *sys.argv[1:]], env)  # noqa: S606

@@ -1,0 +1,38 @@
+"""The checker can fail: a consumer or relay broken on purpose (scenarios/management/
+commands/scenario_broken.py) runs the baseline on the isolated cluster, and the delivery check
+reports exactly the loss or the duplicates its bug causes."""
+
+import pytest
+
+pytestmark = pytest.mark.kafka
+
+
+def test_offsets_committed_before_the_database_transaction_lose_events(scenario_run):
+    # Each consumer commits its batch's offsets, then dies inside the database transaction,
+    # twice: those batches are never applied.
+    code, output, result = scenario_run("broken-consumer-commit-first", events=1000)
+    assert code == 0, output  # exit 0: the scenario failed as expected
+    assert not result["passed"]
+    assert result["lost"] > 0, output
+    assert result["duplicate_effects"] == 0
+    assert any("lost events" in problem for problem in result["problems"])
+
+
+def test_rows_marked_done_before_the_delivery_report_are_lost(scenario_run):
+    # The relay marks its batch DONE, then dies before the records leave its queue.
+    code, output, result = scenario_run("broken-relay-done-first", events=3000)
+    assert code == 0, output
+    assert not result["passed"]
+    assert result["lost"] > 0, output
+    assert result["report"]["log_missing"] == result["lost"]
+    assert result["stuck"] == 0  # the broken relay marked them DONE: nothing looks stuck
+
+
+def test_a_consumer_without_deduplication_applies_redelivered_events_twice(scenario_run):
+    # Killed after the database commit, before the offset commit: the batch comes again,
+    # and without the inbox's (group, event id) check its handlers run again.
+    code, output, result = scenario_run("broken-no-dedup", events=1000)
+    assert code == 0, output
+    assert not result["passed"]
+    assert result["duplicate_effects"] > 0, output
+    assert result["lost"] == 0

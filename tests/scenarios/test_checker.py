@@ -1,0 +1,159 @@
+"""scenarios/checker.py: check() over hand-made rows, no service needed. Each test breaks one
+promise and shows the checker reports it, and only it."""
+
+from scenarios.checker import EffectRow, InboxRow, LogRecord, OutboxRow, check
+
+GROUP = "g"
+
+
+def _events(count: int, *, keys: int = 2) -> list[OutboxRow]:
+    return [
+        OutboxRow(event_id=f"e{n}", key=f"k{n % keys}", seq=n // keys, status="DONE")
+        for n in range(count)
+    ]
+
+
+def _log(events: list[OutboxRow], *, keys: int = 2) -> list[LogRecord]:
+    # One key per partition, in publication order.
+    return [
+        LogRecord(
+            partition=int(e.key[1:]) % keys, offset=n, event_id=e.event_id, key=e.key, seq=e.seq
+        )
+        for n, e in enumerate(events)
+    ]
+
+
+def _effects(events: list[OutboxRow]) -> list[EffectRow]:
+    return [
+        EffectRow(id=n, event_id=e.event_id, key=e.key, seq=e.seq) for n, e in enumerate(events)
+    ]
+
+
+def _inbox(events: list[OutboxRow]) -> list[InboxRow]:
+    return [InboxRow(event_id=e.event_id, status="DONE") for e in events]
+
+
+def _check(events, log=None, effects=None, inbox=None, **kwargs):
+    return check(
+        topic="t",
+        outbox=events,
+        log=_log(events) if log is None else log,
+        inbox={GROUP: _inbox(events) if inbox is None else inbox},
+        effects={GROUP: _effects(events) if effects is None else effects},
+        **kwargs,
+    )
+
+
+def test_a_clean_run_passes():
+    report = _check(_events(10))
+    assert report.ok, report.format()
+    assert report.problems() == []
+    assert (report.events, report.log_records, report.groups[0].effects) == (10, 10, 10)
+    assert "result: PASS" in report.format()
+
+
+def test_an_event_without_an_effect_is_lost():
+    events = _events(10)
+    report = _check(events, effects=_effects(events[:7] + events[8:]))
+    assert not report.ok
+    assert report.lost == 1
+    assert report.groups[0].examples["lost"] == ["k1#3 (e7)"]
+    assert report.problems() == ["1 lost events"]
+
+
+def test_a_handler_that_ran_twice_is_a_duplicate_effect():
+    events = _events(6)
+    effects = [*_effects(events), EffectRow(id=99, event_id="e5", key="k1", seq=2)]
+    report = _check(events, effects=effects)
+    assert (report.duplicate_effects, report.lost, report.inversions) == (1, 0, 0)
+    assert not report.ok
+
+
+def test_duplicates_in_the_log_are_allowed_and_counted():
+    events = _events(6)
+    log = _log(events)
+    # The relay sent e4 (k0#2) again right after it: the next offset of its partition.
+    log.append(LogRecord(partition=0, offset=100, event_id="e4", key="k0", seq=2))
+    report = _check(events, log=log)
+    assert report.ok, report.format()
+    assert report.log_duplicates == 1
+    assert report.log_inversions == 0
+
+
+def test_an_older_record_after_a_newer_one_of_its_key_is_a_log_inversion():
+    events = _events(6)
+    log = _log(events)
+    log.append(LogRecord(partition=0, offset=100, event_id="e0", key="k0", seq=0))
+    report = _check(events, log=log)
+    assert report.log_inversions == 1
+    assert report.log_duplicates == 1
+    assert not report.ok
+
+
+def test_effects_applied_out_of_order_are_inversions():
+    events = _events(6)
+    effects = _effects(events)
+    # k0#1 (e2) applied after k0#2 (e4).
+    effects[2], effects[4] = (
+        EffectRow(id=4, event_id="e2", key="k0", seq=1),
+        EffectRow(id=2, event_id="e4", key="k0", seq=2),
+    )
+    report = _check(events, effects=effects)
+    assert report.groups[0].effect_inversions == 1
+    assert report.inversions == 1
+    assert not report.ok
+
+
+def test_rows_not_done_at_the_end_are_stuck():
+    events = _events(4)
+    events[1] = OutboxRow(event_id="e1", key="k1", seq=0, status="PENDING")
+    inbox = _inbox(events)
+    inbox[2] = InboxRow(event_id="e2", status="FAILED")
+    report = _check(events, inbox=inbox)
+    assert report.stuck_outbox == 1
+    assert report.groups[0].stuck_inbox == 1
+    assert report.stuck == 2
+
+
+def test_a_done_event_missing_from_the_log_is_reported():
+    events = _events(4)
+    report = _check(events, log=_log(events)[:3])
+    assert report.log_missing == 1
+    assert not report.ok
+
+
+def test_poison_records_are_counted_apart_and_are_not_stuck():
+    events = _events(4)
+    log = [*_log(events), LogRecord(partition=0, offset=50, event_id=None, key=None, seq=None)]
+    inbox = [*_inbox(events), InboxRow(event_id="synthetic", status="FAILED")]
+    report = _check(events, log=log, inbox=inbox)
+    assert report.ok, report.format()
+    assert report.log_foreign == 1
+    assert report.groups[0].foreign_inbox == {"FAILED": 1}
+
+
+def test_a_key_in_two_partitions_is_reported():
+    events = _events(4)
+    log = _log(events)
+    log[3] = LogRecord(partition=0, offset=3, event_id="e3", key="k1", seq=1)
+    report = _check(events, log=log)
+    assert report.split_keys == 1
+    assert not report.ok
+
+
+def test_an_incomplete_log_read_fails_the_check():
+    report = _check(_events(4), log_complete=False)
+    assert not report.ok
+    assert "could not be read to its end" in report.problems()[0]
+
+
+def test_each_group_is_checked_on_its_own():
+    events = _events(4)
+    report = check(
+        topic="t",
+        outbox=events,
+        log=_log(events),
+        inbox={"a": _inbox(events), "b": _inbox(events)},
+        effects={"a": _effects(events), "b": _effects(events[:2])},
+    )
+    assert [(g.group, g.lost) for g in report.groups] == [("a", 0), ("b", 2)]
