@@ -2,6 +2,7 @@
 rows: exact counts only where an index keeps them small, estimates elsewhere, and Kafka calls
 with a short timeout whose failure is a state to show, never an error page."""
 
+import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -254,7 +255,9 @@ def consumer_lag(*, use_cache: bool = True) -> ConsumerLag:
     """Committed offset against high watermark per group, topic and partition, read from Kafka
     within CONSOLE_KAFKA_TIMEOUT_SECONDS. An unreachable Kafka gives reachable=False."""
     groups = console_consumer_groups()
-    key = f"console:consumer-lag:{settings.KAFKA_BOOTSTRAP_SERVERS}:{sorted(groups)}"
+    # Hashed: group names and addresses may hold characters cache backends refuse in keys.
+    scope = hashlib.sha256(f"{settings.KAFKA_BOOTSTRAP_SERVERS}|{sorted(groups)}".encode())
+    key = f"console:consumer-lag:{scope.hexdigest()[:32]}"
     if use_cache:
         cached = cache.get(key)
         if cached is not None:
@@ -389,6 +392,39 @@ def latest_analytics() -> dict[str, Any] | None:
         "finished_at": run.finished_at,
         "summary": summary,
     }
+
+
+# Hours of analytics results the dashboard's charts show, and the findings it lists.
+ANALYTICS_CHART_HOURS = 48
+ANALYTICS_DASHBOARD_FINDINGS = 20
+
+
+def analytics_dashboard() -> dict[str, Any] | None:
+    """The analytics results over the last ANALYTICS_CHART_HOURS hours that have any (lag
+    percentiles per stage, duplicate rate) and the latest run's first findings; None when
+    analytics is absent or has no results."""
+    try:
+        from analytics import selectors as analytics_selectors
+
+        with transaction.atomic():
+            window = analytics_selectors.analytics_hours(hours=ANALYTICS_CHART_HOURS)
+            if window is None:
+                return None
+            since, until = window
+            run = analytics_selectors.analytics_run_latest()
+            findings = analytics_selectors.reconciliation_finding_list(run=run)
+            return {
+                "since": since,
+                "until": until,
+                "lag": analytics_selectors.delivery_lag_hourly(since=since, until=until),
+                "duplicates": analytics_selectors.duplicate_rate_hourly(since=since, until=until),
+                "findings": list(findings[:ANALYTICS_DASHBOARD_FINDINGS]),
+                "findings_total": run.findings if run is not None else 0,
+                "run_id": run.pk if run is not None else None,
+            }
+    except Exception as error:  # the console works without analytics
+        logger.debug("No analytics results: %s", error)
+        return None
 
 
 # --- everything at once: the dashboard and /api/stats/summary/ ---------------------------------
