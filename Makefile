@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 KAFKA_BROKERS ?= 1
 export KAFKA_BROKERS
 
-.PHONY: browser-deps bench-console venv services-up services-down services-status run test lint format requirements spark-jars bench-analytics
+.PHONY: scenarios results browser-deps bench-console venv services-up services-down services-status run test lint format requirements spark-jars bench-analytics
 
 $(VENV)/.installed: requirements.txt
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; the project needs Python 3.11" >&2; exit 1; }
@@ -64,6 +64,16 @@ browser-deps:
 # admin lists, API lists and dashboard. BENCH_CONSOLE_ARGS="--rows 100000 --runs 50" to vary.
 bench-console: venv services-up
 	$(BIN)/python benchmarks/console_bench.py $(BENCH_CONSOLE_ARGS)
+
+# The fault-injection scenarios at full size (100,000 events; 20,000 for the fault-heavy ones)
+# on their own isolated 3-broker cluster, then a table. SCENARIO_ARGS="relay-kill --events 5000".
+scenarios: venv
+	$(BIN)/python manage.py scenario_run $(SCENARIO_ARGS)
+
+# Runs the outbox, inbox and analytics benchmarks and the full scenario suite and writes
+# docs/RESULTS.md. RESULTS_ARGS="--scenario-events 5000" for a quicker page.
+results: venv services-up spark-jars
+	$(BIN)/python manage.py results_report $(RESULTS_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .
