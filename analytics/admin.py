@@ -2,9 +2,10 @@
 over time belong to the console (analytics/selectors.py serves both)."""
 
 from django.contrib import admin, messages
-from django.db import transaction
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
 from django.urls import reverse
 from unfold.admin import ModelAdmin
 from unfold.decorators import action
@@ -16,6 +17,7 @@ from analytics.models import (
     ReconciliationFinding,
     RelayStat,
 )
+from analytics.services import RUN_PERMISSION, analytics_run_request, analytics_window_default
 
 
 class ReadOnlyAdmin(ModelAdmin):
@@ -47,19 +49,34 @@ class AnalyticsRunAdmin(ReadOnlyAdmin):
     actions_list = ("run_now",)
 
     def has_run_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("analytics.add_analyticsrun")
+        return request.user.has_perm(RUN_PERMISSION)
 
     @action(description="Run analytics on the last closed hour", permissions=["run"])
-    def run_now(self, request: HttpRequest) -> HttpResponseRedirect:
-        from analytics.tasks import run_analytics
-
-        transaction.on_commit(lambda: run_analytics.delay(trigger=AnalyticsRun.Trigger.ADMIN))
-        self.message_user(
-            request,
-            "The analytics job was queued; its run appears here when the worker starts it.",
-            messages.SUCCESS,
-        )
-        return HttpResponseRedirect(reverse("admin:analytics_analyticsrun_changelist"))
+    def run_now(self, request: HttpRequest) -> HttpResponse:
+        """Confirms, then queues the job on the last closed window (audited)."""
+        if not self.has_run_permission(request):
+            raise PermissionDenied
+        since, until = analytics_window_default()
+        if request.method == "POST":
+            queued = analytics_run_request(
+                user=request.user, source="admin", note=request.POST.get("note", "")[:2000]
+            )
+            self.message_user(
+                request,
+                f"The analytics job on {queued.since:%Y-%m-%d %H:%M} - {queued.until:%H:%M} UTC "
+                f"was queued (audit #{queued.audit_id}); its run appears here when the worker "
+                "starts it.",
+                messages.SUCCESS,
+            )
+            return HttpResponseRedirect(reverse("admin:analytics_analyticsrun_changelist"))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Run analytics",
+            "opts": self.model._meta,
+            "since": since,
+            "until": until,
+        }
+        return TemplateResponse(request, "admin/analytics/run_confirm.html", context)
 
 
 class RunResultAdmin(ReadOnlyAdmin):

@@ -137,6 +137,9 @@ def _jdbc_read(
         .option("numPartitions", str(config.jdbc_partitions))
         .option("fetchsize", str(config.jdbc_fetch_size))
         .option("connectTimeout", "10")
+        # Binary transfer from the first execution: numbers and timestamps are not printed
+        # as text by PostgreSQL and parsed back by the driver.
+        .option("prepareThreshold", "-1")
     )
     try:
         return reader.load()
@@ -147,58 +150,97 @@ def _jdbc_read(
         ) from error
 
 
-def read_outbox(spark: "SparkSession", config: JobConfig) -> "DataFrame":
-    from pyspark.sql import functions as F
-
+def _window_sql(config: JobConfig, column: str) -> str:
     # The bounds are datetimes of ours rendered by _sql_timestamp, never user text.
-    query = (
-        "SELECT id::text AS event_id, topic, type AS event_type, status, attempts, "  # noqa: S608
-        "created_at, published_at, kafka_partition, kafka_offset FROM outbox_event "
-        f"WHERE created_at >= '{_sql_timestamp(config.since)}'::timestamp AT TIME ZONE 'UTC' "
-        f"AND created_at < '{_sql_timestamp(config.until)}'::timestamp AT TIME ZONE 'UTC'"
+    return (
+        f"{column} >= '{_sql_timestamp(config.since)}'::timestamp AT TIME ZONE 'UTC' "
+        f"AND {column} < '{_sql_timestamp(config.until)}'::timestamp AT TIME ZONE 'UTC'"
     )
-    frame = _jdbc_read(
+
+
+def _sql_string(value: str) -> str:
+    """A PostgreSQL string literal (standard_conforming_strings, PostgreSQL's default)."""
+    if "\x00" in value:
+        raise ValueError("a NUL character cannot be sent to PostgreSQL")
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _seconds_sql(end: str, start: str) -> str:
+    # date_part on the interval: double precision arithmetic on its microseconds (extract()
+    # would compute an exact numeric first, which costs more than the join).
+    return f"date_part('epoch', {end} - {start})"
+
+
+def _interval_sql(value: timedelta) -> str:
+    # Intervals compare exactly, to the microsecond.
+    return f"'{value // timedelta(microseconds=1)} microseconds'::interval"
+
+
+# The UTC hour of an event's creation, as hours since the epoch: a cheap grouping key.
+HOUR_SQL = "floor(extract(epoch FROM {column}) / 3600)::bigint"
+
+
+def _window_read(
+    spark: "SparkSession", config: JobConfig, *, query: str, partition_column: str = "created_at"
+) -> "DataFrame":
+    """A read of the window's outbox rows (and what PostgreSQL joins to them), partitioned on
+    the outbox's created_at, which the window bounds: the ranges hold similar row counts."""
+    return _jdbc_read(
         spark,
         config,
         query=query,
-        partition_column="created_at",
+        partition_column=partition_column,
         lower=config.since,
         upper=config.until,
     )
-    return frame.withColumn("hour", F.date_trunc("hour", "created_at"))
 
 
-def read_received(spark: "SparkSession", config: JobConfig, outbox: "DataFrame") -> "DataFrame":
-    """The inbox rows of the window's events, each with its event's hour, topic, type,
-    creation and publication. Inbox rows received from the window's start on are read (in
-    `jdbc_partitions` ranges of received_at) and joined to the outbox rows in Spark."""
-    from pyspark.sql import functions as F
+def _deadline_sql(config: JobConfig) -> str:
+    """Events published (or, PENDING, created) up to this instant are judged: their SLA has
+    passed when the run starts."""
+    return f"'{_sql_timestamp(config.as_of - config.consume_sla)}'::timestamp AT TIME ZONE 'UTC'"
 
-    since = config.since - INBOX_CLOCK_SKEW
+
+def read_outbox(spark: "SparkSession", config: JobConfig) -> "DataFrame":
+    """The window's outbox rows, with their hour and publish lag computed by PostgreSQL, and
+    whether each is due to be consumed (DONE, published before the SLA's deadline) or stuck
+    (PENDING, created before it)."""
+    deadline = _deadline_sql(config)
     query = (
-        "SELECT event_id, consumer_group, published_at AS inbox_published_at, "  # noqa: S608
-        "received_at, processed_at, duplicate_count FROM inbox_message "
-        f"WHERE received_at >= '{_sql_timestamp(since)}'::timestamp AT TIME ZONE 'UTC'"
+        "SELECT id::text AS event_id, topic, type AS event_type, status, attempts, "  # noqa: S608
+        "created_at, published_at, kafka_partition, kafka_offset, "
+        f"{HOUR_SQL.format(column='created_at')} AS hour_epoch, "
+        f"{_seconds_sql('published_at', 'created_at')} AS publish_lag, "
+        f"(status = 'DONE' AND published_at <= {deadline})::int AS due, "
+        f"(status = 'PENDING' AND created_at <= {deadline})::int AS stuck "
+        f"FROM outbox_event WHERE {_window_sql(config, 'created_at')}"
     )
-    inbox = _jdbc_read(
-        spark,
-        config,
-        query=query,
-        partition_column="received_at",
-        lower=since,
-        upper=max(config.as_of, config.until),
+    return _window_read(spark, config, query=query)
+
+
+def read_received(spark: "SparkSession", config: JobConfig) -> "DataFrame":
+    """The inbox rows of the window's events (received from the window's start, less the
+    clock skew, on), each with its event's hour, topic and type, and its consume and
+    end-to-end lags (null until processed). PostgreSQL joins them to the outbox rows in each
+    partition's range of created_at: on an index of the inbox's event ids for a short window,
+    by a hash join for a long one."""
+    since = _sql_timestamp(config.since - INBOX_CLOCK_SKEW)
+    published = "coalesce(o.published_at, i.published_at)"
+    query = (
+        "SELECT i.event_id, i.consumer_group, i.duplicate_count, o.topic, "  # noqa: S608
+        "o.type AS event_type, o.created_at, "
+        f"{HOUR_SQL.format(column='o.created_at')} AS hour_epoch, "
+        f"{_seconds_sql('i.processed_at', published)} AS consume_lag, "
+        f"{_seconds_sql('i.processed_at', 'o.created_at')} AS end_to_end_lag, "
+        # A due event that this group recorded within the SLA: not a "not consumed" finding.
+        f"(o.status = 'DONE' AND o.published_at <= {_deadline_sql(config)} "
+        f"AND i.received_at - o.published_at <= {_interval_sql(config.consume_sla)})::int "
+        "AS recorded_in_time "
+        "FROM inbox_message i JOIN outbox_event o ON o.id::text = i.event_id "
+        f"WHERE {_window_sql(config, 'o.created_at')} "
+        f"AND i.received_at >= '{since}'::timestamp AT TIME ZONE 'UTC'"
     )
-    events = outbox.select(
-        "event_id",
-        "hour",
-        "topic",
-        "event_type",
-        "created_at",
-        F.col("published_at").alias("outbox_published_at"),
-    )
-    return inbox.join(events, "event_id").withColumn(
-        "event_published_at", F.coalesce("outbox_published_at", "inbox_published_at")
-    )
+    return _window_read(spark, config, query=query)
 
 
 def _local_frame(
@@ -230,9 +272,10 @@ def _seconds_between(end: "Column | str", start: "Column | str") -> "Column":
     return (F.unix_micros(end) - F.unix_micros(start)) / MICROS_PER_SECOND
 
 
-def _lag_aggregations(column: "Column", prefix: str, accuracy: int) -> list["Column"]:
+def _lag_aggregations(column: str, prefix: str, accuracy: int) -> list["Column"]:
     from pyspark.sql import functions as F
 
+    # Nulls (not yet published or processed) are neither counted nor ranked.
     return [
         F.count(column).alias(f"{prefix}_count"),
         F.percentile_approx(column, list(PERCENTILES), accuracy).alias(f"{prefix}_percentiles"),
@@ -240,15 +283,19 @@ def _lag_aggregations(column: "Column", prefix: str, accuracy: int) -> list["Col
     ]
 
 
-def _lag_row(row: Any, prefix: str, stage: str, consumer_group: str) -> dict[str, Any] | None:
+def _hour(hour_epoch: int) -> datetime:
+    return datetime.fromtimestamp(hour_epoch * 3600, tz=UTC)
+
+
+def _lag_row(
+    row: Any, key: dict[str, Any], prefix: str, stage: str, consumer_group: str
+) -> dict[str, Any] | None:
     count = row[f"{prefix}_count"]
     if not count:
         return None
     p50, p95, p99 = row[f"{prefix}_percentiles"]
     return {
-        "hour": _aware(row["hour"]),
-        "topic": row["topic"],
-        "event_type": row["event_type"],
+        **key,
         "consumer_group": consumer_group,
         "stage": stage,
         "count": count,
@@ -259,92 +306,116 @@ def _lag_row(row: Any, prefix: str, stage: str, consumer_group: str) -> dict[str
     }
 
 
-def lag_stats(outbox: "DataFrame", received: "DataFrame", accuracy: int) -> list[dict[str, Any]]:
-    from pyspark.sql import functions as F
-
-    publish = (
-        outbox.where(F.col("published_at").isNotNull())
-        .withColumn("lag", _seconds_between("published_at", "created_at"))
-        .groupBy("hour", "topic", "event_type")
-        .agg(*_lag_aggregations(F.col("lag"), "publish", accuracy))
-    )
-    rows: list[dict[str, Any] | None] = [
-        _lag_row(row, "publish", "publish", "") for row in publish.collect()
-    ]
-    consume = (
-        received.where(F.col("processed_at").isNotNull())
-        .withColumn("consume_lag", _seconds_between("processed_at", "event_published_at"))
-        .withColumn("end_to_end_lag", _seconds_between("processed_at", "created_at"))
-        .groupBy("hour", "topic", "event_type", "consumer_group")
-        .agg(
-            *_lag_aggregations(F.col("consume_lag"), "consume", accuracy),
-            *_lag_aggregations(F.col("end_to_end_lag"), "end_to_end", accuracy),
-        )
-    )
-    for row in consume.collect():
-        rows.append(_lag_row(row, "consume", "consume", row["consumer_group"]))
-        rows.append(_lag_row(row, "end_to_end", "end_to_end", row["consumer_group"]))
-    return [row for row in rows if row is not None]
-
-
-def duplicate_stats(received: "DataFrame") -> list[dict[str, Any]]:
-    from pyspark.sql import functions as F
-
-    grouped = received.groupBy("hour", "topic", "consumer_group").agg(
-        # The inbox keeps one row per (group, event id): a row is one unique event.
-        F.count(F.lit(1)).alias("unique_events"),
-        F.sum("duplicate_count").alias("duplicate_deliveries"),
-        F.max("duplicate_count").alias("max_duplicates"),
-    )
-    stats = []
-    for row in grouped.collect():
-        unique_events = int(row["unique_events"])
-        duplicates = int(row["duplicate_deliveries"] or 0)
-        deliveries = unique_events + duplicates
-        stats.append(
-            {
-                "hour": _aware(row["hour"]),
-                "topic": row["topic"],
-                "consumer_group": row["consumer_group"],
-                "deliveries": deliveries,
-                "unique_events": unique_events,
-                "duplicate_deliveries": duplicates,
-                "duplicate_rate": duplicates / deliveries if deliveries else 0.0,
-                "max_copies": 1 + int(row["max_duplicates"] or 0),
-            }
-        )
-    return stats
-
-
-def relay_stats(outbox: "DataFrame") -> list[dict[str, Any]]:
+def outbox_aggregate(outbox: "DataFrame", accuracy: int) -> list[Any]:
+    """One pass over the outbox rows: publish lag percentiles and the relay's counts per
+    hour, topic and event type."""
     from pyspark.sql import functions as F
 
     def count_where(condition: "Column") -> "Column":
         return F.sum(F.when(condition, 1).otherwise(0))
 
-    grouped = outbox.groupBy("hour", "topic").agg(
-        F.count(F.lit(1)).alias("events"),
-        count_where(F.col("status") == "DONE").alias("published"),
-        count_where(F.col("status") == "PENDING").alias("pending"),
-        count_where(F.col("status") == "FAILED").alias("failed"),
-        count_where(F.col("attempts") > 1).alias("retried"),
-        F.max("attempts").alias("max_attempts"),
+    return (
+        outbox.groupBy("hour_epoch", "topic", "event_type")
+        .agg(
+            F.count(F.lit(1)).alias("events"),
+            count_where(F.col("status") == "DONE").alias("published"),
+            count_where(F.col("status") == "PENDING").alias("pending"),
+            count_where(F.col("status") == "FAILED").alias("failed"),
+            count_where(F.col("attempts") > 1).alias("retried"),
+            F.max("attempts").alias("max_attempts"),
+            F.sum("due").alias("due"),
+            F.sum("stuck").alias("stuck"),
+            *_lag_aggregations("publish_lag", "publish", accuracy),
+        )
+        .collect()
     )
+
+
+def received_aggregate(received: "DataFrame", accuracy: int) -> list[Any]:
+    """One pass over the inbox rows: consume and end-to-end lag percentiles and the
+    duplicate counts per hour, topic, event type and consumer group."""
+    from pyspark.sql import functions as F
+
+    return (
+        received.groupBy("hour_epoch", "topic", "event_type", "consumer_group")
+        .agg(
+            # The inbox keeps one row per (group, event id): a row is one unique event.
+            F.count(F.lit(1)).alias("unique_events"),
+            F.sum("duplicate_count").alias("duplicate_deliveries"),
+            F.max("duplicate_count").alias("max_duplicates"),
+            F.sum("recorded_in_time").alias("recorded_in_time"),
+            *_lag_aggregations("consume_lag", "consume", accuracy),
+            *_lag_aggregations("end_to_end_lag", "end_to_end", accuracy),
+        )
+        .collect()
+    )
+
+
+def lag_stats(outbox_rows: list[Any], received_rows: list[Any]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any] | None] = []
+    for row in outbox_rows:
+        key = {"hour": _hour(row["hour_epoch"]), "topic": row["topic"]}
+        key["event_type"] = row["event_type"]
+        rows.append(_lag_row(row, key, "publish", "publish", ""))
+    for row in received_rows:
+        key = {"hour": _hour(row["hour_epoch"]), "topic": row["topic"]}
+        key["event_type"] = row["event_type"]
+        group = row["consumer_group"]
+        rows.append(_lag_row(row, key, "consume", "consume", group))
+        rows.append(_lag_row(row, key, "end_to_end", "end_to_end", group))
+    return [row for row in rows if row is not None]
+
+
+def duplicate_stats(received_rows: list[Any]) -> list[dict[str, Any]]:
+    """Per hour, topic and group: the event types' counts added up (sums and maxima)."""
+    totals: dict[tuple[int, str, str], list[int]] = {}
+    for row in received_rows:
+        key = (row["hour_epoch"], row["topic"], row["consumer_group"])
+        total = totals.setdefault(key, [0, 0, 0])
+        total[0] += int(row["unique_events"])
+        total[1] += int(row["duplicate_deliveries"] or 0)
+        total[2] = max(total[2], int(row["max_duplicates"] or 0))
     stats = []
-    for row in grouped.collect():
-        events = int(row["events"])
+    for (hour_epoch, topic, group), (unique_events, duplicates, most) in sorted(totals.items()):
+        deliveries = unique_events + duplicates
         stats.append(
             {
-                "hour": _aware(row["hour"]),
-                "topic": row["topic"],
-                "events": events,
-                "published": int(row["published"]),
-                "pending": int(row["pending"]),
-                "failed": int(row["failed"]),
-                "retried": int(row["retried"]),
-                "retry_rate": int(row["retried"]) / events,
-                "failure_rate": int(row["failed"]) / events,
-                "max_attempts": int(row["max_attempts"] or 0),
+                "hour": _hour(hour_epoch),
+                "topic": topic,
+                "consumer_group": group,
+                "deliveries": deliveries,
+                "unique_events": unique_events,
+                "duplicate_deliveries": duplicates,
+                "duplicate_rate": duplicates / deliveries if deliveries else 0.0,
+                "max_copies": 1 + most,
+            }
+        )
+    return stats
+
+
+RELAY_COUNTS = ("events", "published", "pending", "failed", "retried")
+
+
+def relay_stats(outbox_rows: list[Any]) -> list[dict[str, Any]]:
+    """Per hour and topic: the event types' counts added up."""
+    totals: dict[tuple[int, str], dict[str, int]] = {}
+    for row in outbox_rows:
+        total = totals.setdefault(
+            (row["hour_epoch"], row["topic"]), dict.fromkeys((*RELAY_COUNTS, "max_attempts"), 0)
+        )
+        for name in RELAY_COUNTS:
+            total[name] += int(row[name])
+        total["max_attempts"] = max(total["max_attempts"], int(row["max_attempts"] or 0))
+    stats = []
+    for (hour_epoch, topic), total in sorted(totals.items()):
+        events = total["events"]
+        stats.append(
+            {
+                "hour": _hour(hour_epoch),
+                "topic": topic,
+                **total,
+                "retry_rate": total["retried"] / events,
+                "failure_rate": total["failed"] / events,
             }
         )
     return stats
@@ -368,11 +439,16 @@ def _expected_groups(
 
 
 def _finding_rows(
-    frame: "DataFrame", kind: str, limit: int, detail: Any
+    frame: "DataFrame", kind: str, limit: int, detail: Any, *, total: int | None = None
 ) -> tuple[int, list[dict[str, Any]]]:
-    # Counted and listed from one computation: the join behind a finding runs once.
-    frame = frame.persist()
-    total = frame.count()
+    """The first `limit` findings by creation, and how many there are (`total` when the
+    caller has counted them already)."""
+    persisted = total is None
+    if total is None:
+        # Counted and listed from one computation: the join behind a finding runs once.
+        frame = frame.persist()
+        total = frame.count()
+    count: int = total
     rows = []
     for row in frame.orderBy("created_at", "event_id").limit(limit).collect():
         values = row.asDict()
@@ -390,8 +466,9 @@ def _finding_rows(
                 "detail": detail(values),
             }
         )
-    frame.unpersist()
-    return total, rows
+    if persisted:
+        frame.unpersist()
+    return count, rows
 
 
 def _not_consumed_detail(sla_seconds: float) -> Any:
@@ -409,72 +486,101 @@ def _not_consumed_detail(sla_seconds: float) -> Any:
 
 def reconcile_database(
     spark: "SparkSession",
-    outbox: "DataFrame",
-    received: "DataFrame",
     config: JobConfig,
+    *,
+    outbox_rows: list[Any],
+    received_rows: list[Any],
 ) -> tuple[dict[str, int], list[dict[str, Any]]]:
-    """Stuck and not-consumed events: what the outbox and inbox tables alone tell."""
+    """Stuck and not-consumed events: what the outbox and inbox tables alone tell.
+
+    The aggregations have counted them exactly: stuck events, and for each expected (topic,
+    event type, group), the due events less those the group recorded within the SLA (the
+    inbox holds one row per group and event id). Only kinds with findings are listed, by a
+    read of the problem rows alone: PostgreSQL applies the predicates and the anti-join, on
+    the window's ranges of created_at, with its indexes."""
     from pyspark.sql import functions as F
 
     sla_seconds = config.consume_sla.total_seconds()
-    deadline = config.as_of - config.consume_sla
-    counts: dict[str, int] = {}
+    deadline = _deadline_sql(config)
+    limit = config.max_findings_per_kind
+    counts = {"stuck": sum(int(row["stuck"] or 0) for row in outbox_rows), "not_consumed": 0}
     findings: list[dict[str, Any]] = []
 
-    stuck = outbox.where(
-        (F.col("status") == "PENDING") & (F.col("created_at") <= F.lit(deadline))
-    ).withColumn("kafka_offsets", F.array().cast("array<bigint>"))
-    counts["stuck"], rows = _finding_rows(
-        stuck,
-        "stuck",
-        config.max_findings_per_kind,
-        lambda v: (
-            f"PENDING after {v['attempts']} attempt(s), created {v['created_at']:%Y-%m-%d %H:%M:%S}"
+    if counts["stuck"]:
+        stuck_query = (
+            "SELECT id::text AS event_id, topic, type AS event_type, attempts, "  # noqa: S608
+            "created_at, published_at, kafka_partition FROM outbox_event "
+            f"WHERE status = 'PENDING' AND {_window_sql(config, 'created_at')} "
+            f"AND created_at <= {deadline}"
+        )
+        stuck = _window_read(spark, config, query=stuck_query).withColumn(
+            "kafka_offsets", F.array().cast("array<bigint>")
+        )
+        findings += _finding_rows(
+            stuck,
+            "stuck",
+            limit,
+            lambda v: (
+                f"PENDING after {v['attempts']} attempt(s), "
+                f"created {v['created_at']:%Y-%m-%d %H:%M:%S}"
+            ),
+            total=counts["stuck"],
+        )[1]
+
+    due: dict[tuple[str, str], int] = {}
+    for row in outbox_rows:
+        pair = (row["topic"], row["event_type"])
+        due[pair] = due.get(pair, 0) + int(row["due"] or 0)
+    observed: dict[str, set[str]] = {}
+    in_time: dict[tuple[str, str, str], int] = {}
+    for row in received_rows:
+        observed.setdefault(row["topic"], set()).add(row["consumer_group"])
+        key = (row["topic"], row["event_type"], row["consumer_group"])
+        in_time[key] = in_time.get(key, 0) + int(row["recorded_in_time"] or 0)
+    expected = _expected_groups(
+        pairs=sorted(due), observed=observed, configured=config.expected_consumers
+    )
+    missing = {
+        key: due[(key[0], key[1])] - in_time.get(key, 0)
+        for key in expected
+        if due[(key[0], key[1])] > in_time.get(key, 0)
+    }
+    counts["not_consumed"] = sum(missing.values())
+    if not missing:
+        return counts, findings
+    missing_sql = ", ".join(
+        f"({_sql_string(topic)}, {_sql_string(event_type)}, {_sql_string(group)})"
+        for topic, event_type, group in sorted(missing)
+    )
+    since = f"'{_sql_timestamp(config.since - INBOX_CLOCK_SKEW)}'::timestamp AT TIME ZONE 'UTC'"
+    recorded = (
+        "FROM inbox_message i WHERE i.event_id = o.id::text "
+        f"AND i.consumer_group = e.consumer_group AND i.received_at >= {since}"
+    )
+    not_consumed_query = (
+        "SELECT o.id::text AS event_id, o.topic, o.type AS event_type, "  # noqa: S608
+        "e.consumer_group, o.created_at, o.published_at, o.kafka_partition, o.kafka_offset, "
+        f"(SELECT i.received_at {recorded}) AS received_at FROM outbox_event o "
+        f"JOIN (VALUES {missing_sql}) AS e(topic, event_type, consumer_group) "
+        "ON e.topic = o.topic AND e.event_type = o.type "
+        f"WHERE o.status = 'DONE' AND {_window_sql(config, 'o.created_at')} "
+        f"AND o.published_at <= {deadline} "
+        f"AND NOT EXISTS (SELECT 1 {recorded} "
+        f"AND i.received_at - o.published_at <= {_interval_sql(config.consume_sla)})"
+    )
+    not_consumed = _window_read(spark, config, query=not_consumed_query).withColumn(
+        "kafka_offsets",
+        F.when(F.col("kafka_offset").isNull(), F.array().cast("array<bigint>")).otherwise(
+            F.array("kafka_offset")
         ),
     )
-    findings += rows
-
-    pairs = [
-        (r["topic"], r["event_type"])
-        for r in outbox.select("topic", "event_type").distinct().collect()
-    ]
-    observed: dict[str, set[str]] = {}
-    for row in received.select("topic", "consumer_group").distinct().collect():
-        observed.setdefault(row["topic"], set()).add(row["consumer_group"])
-    expected_rows = _expected_groups(
-        pairs=pairs, observed=observed, configured=config.expected_consumers
-    )
-    expected = _local_frame(
-        spark,
-        [("topic", "string"), ("event_type", "string"), ("consumer_group", "string")],
-        list(expected_rows),
-    )
-    due = outbox.where(
-        (F.col("status") == "DONE")
-        & F.col("published_at").isNotNull()
-        & (F.col("published_at") <= F.lit(deadline))
-    ).join(F.broadcast(expected), ["topic", "event_type"])
-    recorded = received.select("event_id", "consumer_group", "received_at")
-    not_consumed = (
-        due.join(recorded, ["event_id", "consumer_group"], "left")
-        .where(
-            F.col("received_at").isNull()
-            | (_seconds_between("received_at", "published_at") > sla_seconds)
-        )
-        .withColumn(
-            "kafka_offsets",
-            F.when(F.col("kafka_offset").isNull(), F.array().cast("array<bigint>")).otherwise(
-                F.array("kafka_offset")
-            ),
-        )
-    )
-    counts["not_consumed"], rows = _finding_rows(
+    findings += _finding_rows(
         not_consumed,
         "not_consumed",
-        config.max_findings_per_kind,
+        limit,
         _not_consumed_detail(sla_seconds),
-    )
-    findings += rows
+        total=counts["not_consumed"],
+    )[1]
     return counts, findings
 
 
@@ -672,41 +778,59 @@ def reconcile_kafka(
     return counts, findings
 
 
+def _collect(config: JobConfig, action: Any) -> Any:
+    """Runs a Spark action on the database reads; a database that stops answering midway
+    is a SourceUnreachable, as one that never answered."""
+    try:
+        return action()
+    except Exception as error:
+        raise SourceUnreachable(
+            f"Could not read the database {config.source.database} at "
+            f"{config.source.host}:{config.source.port}: {_java_message(error)}"
+        ) from error
+
+
 def run_job(spark: "SparkSession", config: JobConfig) -> JobResult:
+    """Two aggregations, one per table read, give every statistic; the findings are reads of
+    the problem rows only. Nothing is cached but the DONE outbox rows the Kafka scan needs."""
     from pyspark import StorageLevel
+    from pyspark.sql import functions as F
 
     clock = _PhaseClock()
-    outbox = read_outbox(spark, config).persist(StorageLevel.MEMORY_AND_DISK)
-    received = read_received(spark, config, outbox).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        result = JobResult()
+    result = JobResult()
+    accuracy = config.percentile_accuracy
+    outbox = read_outbox(spark, config)
+    outbox_rows = _collect(config, lambda: outbox_aggregate(outbox, accuracy))
+    clock.lap("outbox: read, publish lag percentiles, relay counts")
+    received_rows = _collect(
+        config, lambda: received_aggregate(read_received(spark, config), accuracy)
+    )
+    clock.lap("inbox: read joined to the outbox, consume lag percentiles, duplicates")
+    result.outbox_rows = sum(int(row["events"]) for row in outbox_rows)
+    result.inbox_rows = sum(int(row["unique_events"]) for row in received_rows)
+    result.lag_stats = lag_stats(outbox_rows, received_rows)
+    result.duplicate_stats = duplicate_stats(received_rows)
+    result.relay_stats = relay_stats(outbox_rows)
+
+    counts, result.findings = _collect(
+        config,
+        lambda: reconcile_database(
+            spark, config, outbox_rows=outbox_rows, received_rows=received_rows
+        ),
+    )
+    clock.lap("stuck and not consumed")
+    if config.kafka_scan:
+        done = outbox.where(F.col("status") == "DONE").persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            result.outbox_rows = outbox.count()
-            result.inbox_rows = received.count()
-        except Exception as error:
-            raise SourceUnreachable(
-                f"Could not read the database {config.source.database} at "
-                f"{config.source.host}:{config.source.port}: {_java_message(error)}"
-            ) from error
-        clock.lap("read outbox and inbox, join")
-        result.lag_stats = lag_stats(outbox, received, config.percentile_accuracy)
-        clock.lap("lag percentiles")
-        result.duplicate_stats = duplicate_stats(received)
-        result.relay_stats = relay_stats(outbox)
-        clock.lap("duplicates and relay")
-        counts, result.findings = reconcile_database(spark, outbox, received, config)
-        clock.lap("stuck and not consumed")
-        if config.kafka_scan:
-            kafka_counts, kafka_findings = reconcile_kafka(spark, outbox, config)
-            result.kafka_records = kafka_counts.pop("kafka_records")
-            counts.update(kafka_counts)
-            result.findings += kafka_findings
-            clock.lap("Kafka scan")
-        result.summary = counts
-        return result
-    finally:
-        outbox.unpersist()
-        received.unpersist()
+            kafka_counts, kafka_findings = reconcile_kafka(spark, done, config)
+        finally:
+            done.unpersist()
+        result.kafka_records = kafka_counts.pop("kafka_records")
+        counts.update(kafka_counts)
+        result.findings += kafka_findings
+        clock.lap("Kafka scan")
+    result.summary = counts
+    return result
 
 
 class _PhaseClock:

@@ -16,6 +16,7 @@ class AnalyticsRun(models.Model):
         COMMAND = "command", "Command"
         BEAT = "beat", "Beat"
         ADMIN = "admin", "Admin"
+        API = "api", "API"
         BENCHMARK = "benchmark", "Benchmark"
 
     # The window covers the outbox events created in [window_start, window_end).
@@ -40,6 +41,8 @@ class AnalyticsRun(models.Model):
     class Meta:
         db_table = "analytics_run"
         ordering = ("-started_at",)
+        # Starting a run (admin button, API) is an operator action with its own permission.
+        permissions = (("run_analytics", "Can start an analytics run"),)
         indexes = (
             models.Index(fields=("window_start", "window_end"), name="analytics_run_window_idx"),
             models.Index(fields=("status", "started_at"), name="analytics_run_status_idx"),

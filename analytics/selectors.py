@@ -4,10 +4,10 @@ Results of overlapping windows can cover the same hour: the series take, for eac
 key, the row of the latest succeeded run.
 """
 
-from datetime import datetime
-from typing import TypeVar
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
-from django.db.models import QuerySet
+from django.db.models import Max, QuerySet, Sum
 
 from analytics.models import (
     AnalyticsRun,
@@ -32,15 +32,18 @@ def analytics_run_latest(*, status: str | None = SUCCEEDED) -> AnalyticsRun | No
 
 def delivery_lag_series(
     *,
-    stage: str = DeliveryLagStat.Stage.END_TO_END,
+    stage: str | None = DeliveryLagStat.Stage.END_TO_END,
     since: datetime | None = None,
     until: datetime | None = None,
     topic: str | None = None,
     event_type: str | None = None,
     consumer_group: str | None = None,
 ) -> QuerySet[DeliveryLagStat]:
-    """p50/p95/p99/max of one stage over time, by hour, topic, event type and group."""
-    stats = DeliveryLagStat.objects.filter(run__status=SUCCEEDED, stage=stage)
+    """p50/p95/p99/max of one stage (None: every stage) over time, by hour, topic, event type
+    and group."""
+    stats = DeliveryLagStat.objects.filter(run__status=SUCCEEDED)
+    if stage is not None:
+        stats = stats.filter(stage=stage)
     stats = _between(stats, since=since, until=until)
     if topic is not None:
         stats = stats.filter(topic=topic)
@@ -89,6 +92,61 @@ def reconciliation_finding_list(
     if kind is not None:
         findings = findings.filter(kind=kind)
     return findings.order_by("kind", "created_at", "event_id")
+
+
+def reconciliation_finding_all() -> QuerySet[ReconciliationFinding]:
+    """The findings of every succeeded run (a re-run of a window has replaced the earlier
+    run's), for lists that filter by run, kind or event id."""
+    return ReconciliationFinding.objects.filter(run__status=SUCCEEDED)
+
+
+def analytics_latest_hour() -> datetime | None:
+    """The newest hour that a succeeded run has lag statistics for."""
+    last: datetime | None = DeliveryLagStat.objects.filter(run__status=SUCCEEDED).aggregate(
+        last=Max("hour")
+    )["last"]
+    return last
+
+
+def delivery_lag_hourly(*, since: datetime, until: datetime) -> list[dict[str, Any]]:
+    """For each hour and stage, the highest p50, p95, p99 and max among its topics, event
+    types and consumer groups (the worst group: group percentiles do not add up to an
+    overall one), from the latest run covering each hour."""
+    latest = delivery_lag_series(stage=None, since=since, until=until)
+    rows = (
+        DeliveryLagStat.objects.filter(pk__in=latest.values("pk"))
+        .values("hour", "stage")
+        .annotate(p50=Max("p50"), p95=Max("p95"), p99=Max("p99"), max=Max("max"))
+        .order_by("hour", "stage")
+    )
+    return [dict(row) for row in rows]
+
+
+def duplicate_rate_hourly(*, since: datetime, until: datetime) -> list[dict[str, Any]]:
+    """For each hour, duplicate deliveries over deliveries across every topic and group."""
+    latest = duplicate_rate_series(since=since, until=until)
+    rows = (
+        DuplicateStat.objects.filter(pk__in=latest.values("pk"))
+        .values("hour")
+        .annotate(deliveries=Sum("deliveries"), duplicates=Sum("duplicate_deliveries"))
+        .order_by("hour")
+    )
+    return [
+        {
+            **row,
+            "duplicate_rate": row["duplicates"] / row["deliveries"] if row["deliveries"] else 0.0,
+        }
+        for row in rows
+    ]
+
+
+def analytics_hours(*, hours: int) -> tuple[datetime, datetime] | None:
+    """The last `hours` hours that have results, as [since, until)."""
+    last = analytics_latest_hour()
+    if last is None:
+        return None
+    until = last + timedelta(hours=1)
+    return until - timedelta(hours=hours), until
 
 
 def _between(

@@ -6,6 +6,7 @@ from project.api.views import ConsumerLagView, StatsSummaryView
 urlpatterns = [
     path("outbox/", include("outbox.api.urls")),
     path("inbox/", include("inbox.api.urls")),
+    path("analytics/", include("analytics.api.urls")),
     path("stats/summary/", StatsSummaryView.as_view(), name="stats-summary"),
     path("stats/consumer-lag/", ConsumerLagView.as_view(), name="stats-consumer-lag"),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),

@@ -8,6 +8,7 @@ outbox_analytics_bench), which it creates and migrates if needed: it empties the
 tables of that database before generating.
 """
 
+import os
 import resource
 import statistics
 import time
@@ -122,6 +123,20 @@ def _jvm_peak_bytes(spark: Any) -> int | None:
     return None
 
 
+def _jvm_cpu_seconds(spark: Any) -> float | None:
+    """User + system CPU time of the driver JVM so far (the executors run in it, locally)."""
+    try:
+        pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except Exception:  # a measurement, not a result: report it missing
+        return None
+
+
+def _load() -> str:
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
 def _mb(value: int | None) -> str:
     return "n/a" if value is None else f"{value / 1024 / 1024:,.0f} MB"
 
@@ -158,6 +173,7 @@ class Command(BaseCommand):
             f"{settings.SPARK_DRIVER_MEMORY}, {settings.ANALYTICS_JDBC_PARTITIONS} JDBC "
             "partitions per table, Kafka scan off (the generated events are not in Kafka)"
         )
+        load_before = _load()
         started = time.monotonic()
         spark = spark_session_get(app_name="analytics-bench")
         spark_started = time.monotonic() - started
@@ -170,6 +186,8 @@ class Command(BaseCommand):
         )
         wall = time.monotonic() - started
         jvm_peak = _jvm_peak_bytes(spark)
+        jvm_cpu = _jvm_cpu_seconds(spark)
+        load_after = _load()
         python_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         if run.status != AnalyticsRun.Status.SUCCEEDED:
             raise CommandError(f"the job failed: {run.error}")
@@ -179,6 +197,11 @@ class Command(BaseCommand):
             f"{run.rows_read / wall:,.0f} rows/s, {run.outbox_rows / wall:,.0f} events/s; "
             f"peak memory: driver JVM {_mb(jvm_peak)}, Python {_mb(python_peak)}; "
             f"{run.findings} findings {run.summary}"
+        )
+        cpu = "n/a" if jvm_cpu is None else f"{jvm_cpu:.1f} s"
+        self.stdout.write(
+            f"job: driver JVM CPU time {cpu} (the machine has {os.cpu_count()} cores); "
+            f"load average (1, 5, 15 min) before {load_before}, after {load_after}"
         )
         self._compare(run=run, since=since, until=until)
 

@@ -1,0 +1,1 @@
+"""REST API of the analytics results: /api/analytics/."""
