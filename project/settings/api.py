@@ -45,6 +45,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Outbox, inbox and analytics runs each have a "status" with its own choices.
+    "ENUM_NAME_OVERRIDES": {
+        "DeliveryStatusEnum": "outbox.models.OutboxEvent.Status",
+        "AnalyticsRunStatusEnum": "analytics.models.AnalyticsRun.Status",
+    },
 }
 
 # Request bodies above this many bytes get 413 with a JSON error (API) or 400 (elsewhere).
