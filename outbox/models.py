@@ -44,7 +44,6 @@ class OutboxEvent(models.Model):
     position = models.BigIntegerField(
         db_default=models.Func(models.Value(POSITION_SEQUENCE), function="nextval"),
         editable=False,
-        unique=True,
     )
     # Set when an operator discards a FAILED event: kept for audit, it no longer holds back
     # the later events of its key.
@@ -69,11 +68,14 @@ class OutboxEvent(models.Model):
                 name="outbox_event_undelivered_idx",
                 condition=~Q(status="DONE") & Q(discarded_at__isnull=True),
             ),
-            models.Index(fields=("status", "created_at"), name="outbox_event_status_idx"),
+            # Every index is written again when a row is marked DONE (not a HOT update), so
+            # the list stays short: lists filter by status or event type on top of these.
             models.Index(fields=("created_at",), name="outbox_event_created_idx"),
+            models.Index(
+                fields=("topic", "status", "created_at"), name="outbox_event_console_topic_idx"
+            ),
             models.Index(fields=("published_at",), name="outbox_event_published_idx"),
             models.Index(fields=("aggregate_type", "aggregate_id"), name="outbox_event_aggr_idx"),
-            models.Index(fields=("event_type",), name="outbox_event_type_idx"),
             models.Index(fields=("key",), name="outbox_event_key_idx"),
         )
 
