@@ -366,3 +366,28 @@ def test_transactional_mode_fences_a_zombie_relay(
     messages = consume_all(kafka_consumer_config, topic, expected=20)  # read_committed
     counts = Counter(headers_of(m)["event_id"] for m in messages)
     assert counts == {str(e.id): 1 for e in first + second}
+
+
+def test_the_long_running_relay_survives_losing_its_database_connections(kafka_topic, start_relay):
+    from django.db import connection
+
+    topic = kafka_topic()
+    relay = start_relay()
+    assert relay.stdout is not None
+    assert "listening" in relay.stdout.readline()
+    # What a PostgreSQL restart does to a client: every connection of the relay is cut.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        assert cursor.fetchone()[0] >= 1
+    publish_events(topic, 5)
+    wait_until(
+        lambda: OutboxEvent.objects.filter(status="DONE").count() == 5,
+        timeout=30,
+        message="the relay to reconnect and publish",
+    )
+    assert relay.poll() is None, "the relay exited instead of reconnecting"
+    relay.send_signal(signal.SIGTERM)
+    assert relay.wait(30) == 0

@@ -7,12 +7,13 @@ wakes at least every --poll-seconds for events whose retry has come due."""
 import logging
 import signal
 import socket
+import time
 from types import FrameType
 from typing import Any
 
 import psycopg
 from django.core.management.base import BaseCommand, CommandParser
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from outbox.producer import close_producers, get_producer
 from outbox.relay import Relay, transactional_id_for
@@ -20,6 +21,10 @@ from outbox.relay import Relay, transactional_id_for
 logger = logging.getLogger(__name__)
 
 NOTIFY_CHANNEL = "outbox_event"
+# After losing the database, the relay waits this long before trying again, doubling up to
+# the maximum.
+DATABASE_RETRY_SECONDS = 0.5
+DATABASE_RETRY_MAX_SECONDS = 10.0
 
 
 class Command(BaseCommand):
@@ -47,19 +52,44 @@ class Command(BaseCommand):
             # Initialising the transactional producer now fences a zombie with the same slot
             # before this relay reports itself ready.
             get_producer(transactional_id=relay.transactional_id)
-        self.stdout.write(f"outbox relay {relay.relay_id} listening on '{NOTIFY_CHANNEL}'")
-        self.stdout.flush()
-        listener = self._listen()
+        listener: psycopg.Connection[Any] | None = None
         published = 0
+        backoff = DATABASE_RETRY_SECONDS
         try:
             while self.running:
-                published += relay.run(max_seconds=options["poll_seconds"]).published
-                self._wait_for_notification(listener, options["poll_seconds"])
+                try:
+                    if listener is None:
+                        listener = self._listen()
+                        self.stdout.write(
+                            f"outbox relay {relay.relay_id} listening on '{NOTIFY_CHANNEL}'"
+                        )
+                        self.stdout.flush()
+                    published += relay.run(max_seconds=options["poll_seconds"]).published
+                    self._wait_for_notification(listener, options["poll_seconds"])
+                    backoff = DATABASE_RETRY_SECONDS
+                except (DatabaseError, psycopg.Error) as error:
+                    # PostgreSQL restarting or unreachable: rows stay PENDING (or leased until
+                    # their lease expires); keep trying rather than exit and need a supervisor.
+                    logger.warning(
+                        "Outbox relay lost the database (%s); retrying in %.1fs", error, backoff
+                    )
+                    connection.close()
+                    if listener is not None:
+                        listener.close()
+                        listener = None
+                    self._sleep(backoff)
+                    backoff = min(backoff * 2, DATABASE_RETRY_MAX_SECONDS)
         finally:
             close_producers()
-            listener.close()
+            if listener is not None:
+                listener.close()
             connection.close()
             self.stdout.write(f"outbox relay stopped after publishing {published} events")
+
+    def _sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while self.running and time.monotonic() < deadline:
+            time.sleep(min(0.1, seconds))
 
     def _stop(self, signum: int, frame: FrameType | None) -> None:
         self.running = False
