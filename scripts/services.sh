@@ -101,6 +101,12 @@ PG_LOG="$LOCAL_DIR/postgres/postgres.log"
 
 as_postgres() { runuser -u postgres -- "$@"; }
 
+# The outbox is a queue table: every event is written three times (insert, claim, mark), so
+# its working set must fit in shared buffers or the relay's scans read from disk.
+pg_server_options() {
+  echo "-h $PG_HOST -p $PG_PORT -k /tmp -c max_connections=200 -c shared_buffers=${POSTGRES_SHARED_BUFFERS:-1GB}"
+}
+
 pg_ready() { "$PG_BIN/pg_isready" -q -h "$PG_HOST" -p "$PG_PORT" 2>/dev/null || pg_isready -q -h "$PG_HOST" -p "$PG_PORT" 2>/dev/null; }
 
 postgres_up() {
@@ -135,7 +141,7 @@ postgres_up() {
     as_postgres "$PG_BIN/initdb" -D "$PG_DATA" -U postgres -A trust -E UTF8 --locale=C.UTF-8 >/dev/null
   fi
   as_postgres "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t "$WAIT_SECONDS" \
-    -o "-h $PG_HOST -p $PG_PORT -k /tmp -c max_connections=200" start >/dev/null
+    -o "$(pg_server_options)" start >/dev/null
   wait_for postgres pg_ready
   # The application role: CREATEDB so the test runner can create its test database.
   as_postgres psql -h /tmp -p "$PG_PORT" -U postgres -v ON_ERROR_STOP=1 -q <<SQL
@@ -414,7 +420,7 @@ case "$command" in
   postgres-start)
     parse_database_url
     as_postgres "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t "$WAIT_SECONDS" \
-      -o "-h $PG_HOST -p $PG_PORT -k /tmp -c max_connections=200" start >/dev/null
+      -o "$(pg_server_options)" start >/dev/null
     wait_for postgres pg_ready
     ;;
   redis-stop) redis_down ;;
