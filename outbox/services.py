@@ -3,6 +3,7 @@ operator's repairs. Marking a batch takes one statement per outcome, never one p
 
 import json
 import re
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -183,10 +184,21 @@ def _nudge_relay_on_commit() -> None:
     transaction.on_commit(_send_relay_nudge, robust=True)
 
 
+_last_nudge_at = 0.0
+
+
 def _send_relay_nudge() -> None:
     from outbox.tasks import relay
 
-    # The outbox table is the source of truth: a lost nudge only waits for the next beat tick.
+    # At most one nudge per OUTBOX_NUDGE_MIN_INTERVAL_MS per process: under load, a relay
+    # run started by the previous nudge is still looping over the new events, and a flood
+    # of nudges would only queue empty runs. A skipped nudge waits at most for the next one
+    # or the next beat tick; the outbox table, not the nudge, is the source of truth.
+    global _last_nudge_at
+    now = time.monotonic()
+    if now - _last_nudge_at < settings.OUTBOX_NUDGE_MIN_INTERVAL_MS / 1000:
+        return
+    _last_nudge_at = now
     relay.apply_async(ignore_result=True, retry=False)
 
 

@@ -14,6 +14,8 @@ OUTBOX_BATCH_SIZE = env.int("OUTBOX_BATCH_SIZE", default=1000)
 OUTBOX_RELAY_MAX_RUN_SECONDS = env.float("OUTBOX_RELAY_MAX_RUN_SECONDS", default=10.0)
 # Sends the relay task when a transaction that published events commits.
 OUTBOX_NUDGE_ON_COMMIT = env.bool("OUTBOX_NUDGE_ON_COMMIT", default=True)
+# ... at most once per this many milliseconds per process.
+OUTBOX_NUDGE_MIN_INTERVAL_MS = env.int("OUTBOX_NUDGE_MIN_INTERVAL_MS", default=100)
 
 # A claimed row belongs to its relay for this long; a relay that dies leaves its rows to
 # another once it expires. Must exceed the producer's delivery timeout (a system check says so).

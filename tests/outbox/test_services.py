@@ -134,6 +134,7 @@ def test_the_callers_traceparent_travels_with_the_event():
 
 def test_the_relay_is_nudged_once_per_committed_transaction(settings, monkeypatch):
     settings.OUTBOX_NUDGE_ON_COMMIT = True
+    settings.OUTBOX_NUDGE_MIN_INTERVAL_MS = 0
     sent = []
     monkeypatch.setattr("outbox.tasks.relay.apply_async", lambda **kwargs: sent.append(kwargs))
     with transaction.atomic():
@@ -170,3 +171,15 @@ def test_the_size_limit_counts_the_bytes_the_relay_will_send(settings):
         sent = cursor.fetchone()[0].encode()
     assert len(sent) <= 1000
     assert len(sent) > len(b'{"items":[' + b",".join([b"1"] * 300) + b"]}")
+
+
+def test_nudges_are_spaced_by_the_minimum_interval(settings, monkeypatch):
+    settings.OUTBOX_NUDGE_ON_COMMIT = True
+    settings.OUTBOX_NUDGE_MIN_INTERVAL_MS = 60_000
+    monkeypatch.setattr("outbox.services._last_nudge_at", 0.0)
+    sent = []
+    monkeypatch.setattr("outbox.tasks.relay.apply_async", lambda **kwargs: sent.append(kwargs))
+    for _ in range(3):
+        with transaction.atomic():
+            outbox.publish(**EVENT)
+    assert len(sent) == 1
