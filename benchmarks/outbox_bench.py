@@ -53,7 +53,15 @@ def recreate_database(url: str) -> None:
         dbname="postgres",
         autocommit=True,
     ) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{config["NAME"]}" WITH (FORCE)')
+        # An autovacuum worker in the old database can hold the drop off for a moment.
+        for attempt in range(30):
+            try:
+                admin.execute(f'DROP DATABASE IF EXISTS "{config["NAME"]}" WITH (FORCE)')
+                break
+            except psycopg.errors.InsufficientPrivilege:
+                if attempt == 29:
+                    raise
+                time.sleep(1)
         admin.execute(f'CREATE DATABASE "{config["NAME"]}"')
 
 
