@@ -286,7 +286,7 @@ def lag_percentiles(ids: list[uuid.UUID], timeout: float = 60) -> tuple[float, f
         if published is not None
     )
     if len(lags) < 2:
-        return float("nan"), float("nan"), float("nan"), len(lags)
+        return float("nan"), float("nan"), float("nan"), len(ids) - len(lags)
     quantiles = statistics.quantiles(lags, n=100, method="inclusive")
     return quantiles[49], quantiles[98], lags[-1], len(ids) - len(lags)
 
