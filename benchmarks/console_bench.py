@@ -19,6 +19,9 @@ from typing import Any
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE_DIR))
+
+from benchmarks.databases import database_name, ensure_database, sibling_database_url  # noqa: E402
+
 BENCH_SUFFIX = "_console_bench"
 
 OUTBOX_SQL = """
@@ -77,39 +80,6 @@ FROM (
 """
 
 
-def _bench_database_url() -> str:
-    import environ
-
-    env = environ.Env()
-    url = env("DATABASE_URL", default="postgres://outbox:outbox@127.0.0.1:5432/outbox")
-    config = environ.Env.db_url_config(url)
-    return (
-        f"postgres://{config['USER']}:{config['PASSWORD']}@{config['HOST']}:"
-        f"{config['PORT'] or 5432}/{config['NAME']}{BENCH_SUFFIX}"
-    )
-
-
-def _ensure_database(url: str) -> None:
-    import environ
-    import psycopg
-
-    config = environ.Env.db_url_config(url)
-    with psycopg.connect(
-        host=config["HOST"],
-        port=config["PORT"] or 5432,
-        user=config["USER"],
-        password=config["PASSWORD"],
-        dbname="postgres",
-        autocommit=True,
-    ) as connection:
-        exists = connection.execute(
-            "SELECT 1 FROM pg_database WHERE datname = %s", [config["NAME"]]
-        ).fetchone()
-        if not exists:
-            connection.execute(f'CREATE DATABASE "{config["NAME"]}"')
-            print(f"created database {config['NAME']}")
-
-
 def _generate(rows: int, regenerate: bool) -> None:
     from django.db import connection
 
@@ -162,8 +132,9 @@ def main() -> None:
     parser.add_argument("--regenerate", action="store_true")
     arguments = parser.parse_args()
 
-    url = _bench_database_url()
-    _ensure_database(url)
+    url = sibling_database_url(BENCH_SUFFIX)
+    if ensure_database(url):
+        print(f"created database {database_name(url)}")
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings.local")
     os.environ["DEBUG"] = "false"  # no query log in memory

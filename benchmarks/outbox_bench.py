@@ -25,44 +25,12 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings.local")
 os.environ["OUTBOX_NUDGE_ON_COMMIT"] = "false"
 
 import django  # noqa: E402
-import environ  # noqa: E402
+
+from benchmarks.databases import recreate_database, sibling_database_url  # noqa: E402
 
 BENCH_DATABASE_SUFFIX = "_bench"
 PAYLOAD_BYTES = 1024
 KEYS = 10_000
-
-
-def bench_database_url() -> str:
-    url = os.environ.get("DATABASE_URL", "postgres://outbox:outbox@127.0.0.1:5432/outbox")
-    config = environ.Env.db_url_config(url)
-    return (
-        f"postgres://{config['USER']}:{config['PASSWORD']}@{config['HOST']}:"
-        f"{config['PORT'] or 5432}/{config['NAME']}{BENCH_DATABASE_SUFFIX}"
-    )
-
-
-def recreate_database(url: str) -> None:
-    import psycopg
-
-    config = environ.Env.db_url_config(url)
-    with psycopg.connect(
-        host=config["HOST"],
-        port=config["PORT"] or 5432,
-        user=config["USER"],
-        password=config["PASSWORD"],
-        dbname="postgres",
-        autocommit=True,
-    ) as admin:
-        # An autovacuum worker in the old database can hold the drop off for a moment.
-        for attempt in range(30):
-            try:
-                admin.execute(f'DROP DATABASE IF EXISTS "{config["NAME"]}" WITH (FORCE)')
-                break
-            except psycopg.errors.InsufficientPrivilege:
-                if attempt == 29:
-                    raise
-                time.sleep(1)
-        admin.execute(f'CREATE DATABASE "{config["NAME"]}"')
 
 
 def payload(number: int) -> dict:
@@ -329,7 +297,7 @@ def main() -> None:
     parser.add_argument("--rates-only", action="store_true", help="skip the publish lag runs")
     options = parser.parse_args()
 
-    url = bench_database_url()
+    url = sibling_database_url(BENCH_DATABASE_SUFFIX)
     if not options.keep_database:
         recreate_database(url)
     os.environ["DATABASE_URL"] = url
