@@ -9,7 +9,6 @@ from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
-from unfold.admin import ModelAdmin
 from unfold.contrib.filters.admin import RangeDateTimeFilter
 from unfold.decorators import action, display
 
@@ -19,6 +18,7 @@ from outbox.models import OperatorAction, OutboxEvent
 from project.console_admin import (
     EstimatedCountPaginator,
     ExactTextFilter,
+    ReadOnlyModelAdmin,
     bulk_matching_view,
     preformatted,
     pretty_json,
@@ -30,7 +30,7 @@ Action = OperatorAction.Action
 
 
 @admin.register(InboxMessage)
-class InboxMessageAdmin(ModelAdmin):
+class InboxMessageAdmin(ReadOnlyModelAdmin):
     list_display = (
         "id",
         "event_id",
@@ -125,15 +125,6 @@ class InboxMessageAdmin(ModelAdmin):
         "raw_value",
         "raw_value_encoding",
     )
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_retry_permission(self, request: HttpRequest, object_id: Any = None) -> bool:
         return bool(request.user.has_perm("outbox.retry_inboxmessage"))

@@ -12,7 +12,6 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
-from unfold.admin import ModelAdmin
 from unfold.contrib.filters.admin import RangeDateTimeFilter
 from unfold.decorators import action, display
 
@@ -23,6 +22,7 @@ from outbox.models import OperatorAction, OutboxEvent
 from project.console_admin import (
     EstimatedCountPaginator,
     ExactTextFilter,
+    ReadOnlyModelAdmin,
     bulk_matching_view,
     preformatted,
     pretty_json,
@@ -65,7 +65,7 @@ def _run_selected(
 
 
 @admin.register(OutboxEvent)
-class OutboxEventAdmin(ModelAdmin):
+class OutboxEventAdmin(ReadOnlyModelAdmin):
     list_display = (
         "event_id",
         "event_type",
@@ -147,17 +147,6 @@ class OutboxEventAdmin(ModelAdmin):
         "headers_json",
         "timeline",
     )
-
-    # --- read-only: events are written by publish() and the relay, never by a form ---------
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_retry_permission(self, request: HttpRequest, object_id: Any = None) -> bool:
         return bool(request.user.has_perm("outbox.retry_outboxevent"))
@@ -417,7 +406,7 @@ class OutboxEventAdmin(ModelAdmin):
 
 
 @admin.register(OperatorAction)
-class OperatorActionAdmin(ModelAdmin):
+class OperatorActionAdmin(ReadOnlyModelAdmin):
     """The audit log: read-only, for everyone with its view permission."""
 
     list_display = (
@@ -450,15 +439,6 @@ class OperatorActionAdmin(ModelAdmin):
         "object_ids",
         "note",
     )
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     @display(description="Note")
     def short_note(self, entry: OperatorAction) -> str:

@@ -16,10 +16,25 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
+from unfold.admin import ModelAdmin
 from unfold.contrib.filters.admin import FieldTextFilter
 
 from project.operations import BulkTooLarge, ConsoleError, bulk_action_run
 from project.selectors import table_row_estimate
+
+
+class ReadOnlyModelAdmin(ModelAdmin):
+    """Rows the product writes (events, messages, the audit log): never added, edited or
+    deleted through a form; operators change them only through audited actions."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 class EstimatedCountPaginator(Paginator):
