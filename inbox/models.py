@@ -39,6 +39,10 @@ class InboxMessage(models.Model):
     processed_at = models.DateTimeField(null=True, blank=True)
     duplicate_count = models.PositiveIntegerField(default=0)
     last_duplicate_at = models.DateTimeField(null=True, blank=True)
+    # Set when an operator discards a FAILED row: it is kept (for audit, and so that a
+    # redelivery is still recognised as a duplicate) but no longer counts as a failure to
+    # act on. A replay clears it.
+    discarded_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "inbox_message"

@@ -554,7 +554,24 @@ def inbox_message_replay(*, message: InboxMessage) -> InboxMessage:
         message.status = InboxMessage.Status.PENDING
         message.attempts = 0
         message.next_attempt_at = timezone.now()
-        message.save(update_fields=["status", "attempts", "next_attempt_at"])
+        message.discarded_at = None
+        message.save(update_fields=["status", "attempts", "next_attempt_at", "discarded_at"])
+    return message
+
+
+def inbox_message_discard(*, message: InboxMessage) -> InboxMessage:
+    """An operator's decision: a FAILED row will not be run again. It stays, for audit and
+    for the dedup of redeliveries, marked with the time it was discarded."""
+    changed = InboxMessage.objects.filter(
+        pk=message.pk, status=FAILED, discarded_at__isnull=True
+    ).update(discarded_at=timezone.now())
+    if not changed:
+        current = InboxMessage.objects.filter(pk=message.pk).only("status").first()
+        if current is not None and current.status == FAILED:
+            raise InvalidTransition(f"Message {message.pk} is already discarded.")
+        status = current.status if current is not None else "gone"
+        raise InvalidTransition(f"Only FAILED messages can be discarded; this one is {status}.")
+    message.refresh_from_db(fields=["discarded_at"])
     return message
 
 
@@ -601,23 +618,38 @@ def _replayable_failed(message_ids: Sequence[int]) -> Any:
 
 
 def inbox_messages_replay(*, message_ids: Sequence[int]) -> int:
-    """inbox_message_replay() for many rows: FAILED rows whose value is JSON get a fresh
-    retry budget and are due now. Returns how many changed."""
+    """inbox_message_replay() for many rows: FAILED rows whose value is JSON, discarded or
+    not, get a fresh retry budget and are due now. Returns how many changed."""
     if not message_ids:
         return 0
     return _replayable_failed(message_ids).update(
-        status=PENDING, attempts=0, next_attempt_at=timezone.now()
+        status=PENDING, attempts=0, next_attempt_at=timezone.now(), discarded_at=None
     )
 
 
 def inbox_messages_retry(*, message_ids: Sequence[int]) -> int:
     """Makes rows run again now: a PENDING row waiting for its backoff becomes due, a FAILED
-    row is replayed (fresh retry budget). DONE rows are left alone. Returns how many changed."""
+    row is replayed (fresh retry budget). DONE rows, and FAILED rows an operator discarded
+    (replay those on purpose), are left alone. Returns how many changed."""
     if not message_ids:
         return 0
     with transaction.atomic():
         made_due = InboxMessage.objects.filter(
             pk__in=list(message_ids), status=PENDING, next_attempt_at__gt=timezone.now()
         ).update(next_attempt_at=timezone.now())
-        replayed = inbox_messages_replay(message_ids=message_ids)
+        replayed = (
+            _replayable_failed(message_ids)
+            .filter(discarded_at__isnull=True)
+            .update(status=PENDING, attempts=0, next_attempt_at=timezone.now())
+        )
     return made_due + replayed
+
+
+def inbox_messages_discard(*, message_ids: Sequence[int]) -> int:
+    """inbox_message_discard() for many rows: FAILED rows not yet discarded are marked so.
+    Returns how many changed."""
+    if not message_ids:
+        return 0
+    return InboxMessage.objects.filter(
+        pk__in=list(message_ids), status=FAILED, discarded_at__isnull=True
+    ).update(discarded_at=timezone.now())

@@ -26,42 +26,16 @@ from project.console_admin import (
     bulk_matching_view,
     preformatted,
     pretty_json,
+    run_selected_action,
     status_badge,
 )
 from project.operations import (
     ConsoleError,
-    bulk_action_run,
     outbox_event_action,
     outbox_key_release_action,
 )
 
 Action = OperatorAction.Action
-
-
-def _run_selected(
-    model_admin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet, name: str, verb: str
-) -> None:
-    try:
-        record = bulk_action_run(user=request.user, action=name, source="admin", queryset=queryset)
-    except ConsoleError as error:
-        model_admin.message_user(request, str(error), messages.ERROR)
-        return
-    if record.chunks_pending:
-        model_admin.message_user(
-            request,
-            f"{verb}: {record.requested} selected, queued in {record.chunks_pending} chunks "
-            f"(audit #{record.pk}).",
-            messages.SUCCESS,
-        )
-        return
-    skipped = record.requested - record.changed
-    model_admin.message_user(
-        request,
-        f"{verb}: {record.changed} of {record.requested} selected"
-        + (f"; {skipped} skipped (not in a state that allows it)" if skipped else "")
-        + f" (audit #{record.pk}).",
-        messages.SUCCESS if record.changed else messages.WARNING,
-    )
 
 
 @admin.register(OutboxEvent)
@@ -297,19 +271,19 @@ class OutboxEventAdmin(ReadOnlyModelAdmin):
 
     @action(description="Retry selected events", permissions=["retry"])
     def retry_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        _run_selected(self, request, queryset, Action.OUTBOX_RETRY, "Retry")
+        run_selected_action(self, request, queryset, Action.OUTBOX_RETRY, "Retry")
 
     @action(description="Discard selected FAILED events (kept for audit)", permissions=["discard"])
     def discard_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        _run_selected(self, request, queryset, Action.OUTBOX_DISCARD, "Discard")
+        run_selected_action(self, request, queryset, Action.OUTBOX_DISCARD, "Discard")
 
     @action(description="Replay selected events with the same event id", permissions=["replay"])
     def replay_same_id(self, request: HttpRequest, queryset: QuerySet) -> None:
-        _run_selected(self, request, queryset, Action.OUTBOX_REPLAY, "Replay (same id)")
+        run_selected_action(self, request, queryset, Action.OUTBOX_REPLAY, "Replay (same id)")
 
     @action(description="Replay selected events with a new event id", permissions=["replay"])
     def replay_new_id(self, request: HttpRequest, queryset: QuerySet) -> None:
-        _run_selected(self, request, queryset, Action.OUTBOX_REPLAY_NEW_ID, "Replay (new id)")
+        run_selected_action(self, request, queryset, Action.OUTBOX_REPLAY_NEW_ID, "Replay (new id)")
 
     # --- detail actions ------------------------------------------------------------------------
 

@@ -98,6 +98,7 @@ class OperatorAction(models.Model):
         OUTBOX_KEY_RELEASE = "outbox.release_key", "Release a quarantined key"
         INBOX_RETRY = "inbox.retry", "Retry inbox messages"
         INBOX_REPLAY = "inbox.replay", "Replay inbox messages"
+        INBOX_DISCARD = "inbox.discard", "Discard inbox messages"
 
     class Source(models.TextChoices):
         ADMIN = "admin", "Admin"
@@ -135,6 +136,7 @@ class OperatorAction(models.Model):
             ("release_outboxkey", "Can release quarantined outbox keys"),
             ("retry_inboxmessage", "Can retry inbox messages"),
             ("replay_inboxmessage", "Can replay inbox messages"),
+            ("discard_inboxmessage", "Can discard inbox messages"),
         )
 
     def __str__(self) -> str:

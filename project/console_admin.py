@@ -102,6 +102,34 @@ def status_badge(status: str, *, discarded: bool = False) -> str:
     return format_html('<span style="color: {}; font-weight: 600">{}</span>', colour, label)
 
 
+def run_selected_action(
+    model_admin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet, name: str, verb: str
+) -> None:
+    """An admin list action: runs `name` over the selected rows and tells the operator what
+    changed, what was skipped, or where the large set was queued."""
+    try:
+        record = bulk_action_run(user=request.user, action=name, source="admin", queryset=queryset)
+    except ConsoleError as error:
+        model_admin.message_user(request, str(error), messages.ERROR)
+        return
+    if record.chunks_pending:
+        model_admin.message_user(
+            request,
+            f"{verb}: {record.requested} selected, queued in {record.chunks_pending} chunks "
+            f"(audit #{record.pk}).",
+            messages.SUCCESS,
+        )
+        return
+    skipped = record.requested - record.changed
+    model_admin.message_user(
+        request,
+        f"{verb}: {record.changed} of {record.requested} selected"
+        + (f"; {skipped} skipped (not in a state that allows it)" if skipped else "")
+        + f" (audit #{record.pk}).",
+        messages.SUCCESS if record.changed else messages.WARNING,
+    )
+
+
 def bulk_matching_view(
     model_admin: admin.ModelAdmin,
     request: HttpRequest,

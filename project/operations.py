@@ -13,7 +13,13 @@ from django.db import OperationalError, transaction
 from django.db.models import Model, QuerySet
 
 from inbox.models import InboxMessage
-from inbox.services import inbox_message_replay, inbox_messages_replay, inbox_messages_retry
+from inbox.services import (
+    inbox_message_discard,
+    inbox_message_replay,
+    inbox_messages_discard,
+    inbox_messages_replay,
+    inbox_messages_retry,
+)
 from outbox.models import OperatorAction, OutboxEvent
 from outbox.services import (
     operator_action_add_progress,
@@ -80,6 +86,11 @@ ACTIONS: dict[str, ActionSpec] = {
         InboxMessage,
         "outbox.replay_inboxmessage",
         lambda ids: inbox_messages_replay(message_ids=ids),
+    ),
+    Action.INBOX_DISCARD: ActionSpec(
+        InboxMessage,
+        "outbox.discard_inboxmessage",
+        lambda ids: inbox_messages_discard(message_ids=ids),
     ),
 }
 RELEASE_KEY_PERMISSION = "outbox.release_outboxkey"
@@ -219,7 +230,7 @@ def outbox_event_action(
 def inbox_message_action(
     *, user: Any, message: InboxMessage, action: str, source: str, note: str = ""
 ) -> InboxMessage:
-    """Retries or replays one inbox message, and logs it."""
+    """Retries, replays or discards one inbox message, and logs it."""
     spec = ACTIONS[action]
     require_permission(user, spec.permission)
     with transaction.atomic():
@@ -236,6 +247,9 @@ def inbox_message_action(
                     "PENDING ones waiting for a retry can be retried."
                 )
             message.refresh_from_db()
+        elif action == Action.INBOX_DISCARD:
+            message = inbox_message_discard(message=message)
+            changed = 1
         else:
             raise ValueError(f"{action} is not an action on one inbox message")
         operator_action_record(

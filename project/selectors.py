@@ -107,7 +107,7 @@ FAILURE_SAMPLE_ROWS = 5000
 
 def failures_by_error_class(*, limit: int = 10) -> list[dict[str, Any]]:
     """FAILED rows by the class of their last error (the text before ':'), among the latest
-    FAILURE_SAMPLE_ROWS FAILED rows of the outbox and of the inbox."""
+    FAILURE_SAMPLE_ROWS FAILED rows of the outbox and of the inbox that no operator discarded."""
     error_class = "split_part(split_part(last_error, E'\\n', 1), ':', 1)"
     with connection.cursor() as cursor:
         cursor.execute(
@@ -117,7 +117,8 @@ def failures_by_error_class(*, limit: int = 10) -> list[dict[str, Any]]:
                  WHERE status = 'FAILED' AND discarded_at IS NULL
                  ORDER BY created_at DESC LIMIT %(sample)s)
                 UNION ALL
-                (SELECT 'inbox', {error_class} FROM inbox_message WHERE status = 'FAILED'
+                (SELECT 'inbox', {error_class} FROM inbox_message
+                 WHERE status = 'FAILED' AND discarded_at IS NULL
                  ORDER BY received_at DESC LIMIT %(sample)s)
             ) AS failed
             GROUP BY 1, 2 ORDER BY 3 DESC LIMIT %(limit)s

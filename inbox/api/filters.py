@@ -8,6 +8,9 @@ class InboxMessageFilter(django_filters.FilterSet):
 
     id = django_filters.NumberFilter(field_name="id")
     status = django_filters.ChoiceFilter(choices=InboxMessage.Status.choices)
+    discarded = django_filters.BooleanFilter(
+        field_name="discarded_at", lookup_expr="isnull", exclude=True
+    )
     consumer_group = django_filters.CharFilter(field_name="consumer_group")
     event_id = django_filters.CharFilter(field_name="event_id")
     event_type = django_filters.CharFilter(field_name="event_type")

@@ -23,6 +23,7 @@ LIST_FIELDS = (
     "processed_at",
     "duplicate_count",
     "last_duplicate_at",
+    "discarded_at",
 )
 
 

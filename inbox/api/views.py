@@ -27,7 +27,8 @@ Action = OperatorAction.Action
 VIEW = ["inbox.view_inboxmessage"]
 RETRY = ["outbox.retry_inboxmessage"]
 REPLAY = ["outbox.replay_inboxmessage"]
-ACTIONS = {"retry", "replay", "bulk_retry", "bulk_replay"}
+DISCARD = ["outbox.discard_inboxmessage"]
+ACTIONS = {"retry", "replay", "discard", "bulk_retry", "bulk_replay", "bulk_discard"}
 
 
 class InboxCursorPagination(ConsoleCursorPagination):
@@ -35,7 +36,7 @@ class InboxCursorPagination(ConsoleCursorPagination):
 
 
 class InboxMessageViewSet(viewsets.ReadOnlyModelViewSet):
-    """Inbox messages of every consumer group: list, detail, retry and replay."""
+    """Inbox messages of every consumer group: list, detail, retry, replay and discard."""
 
     queryset = InboxMessage.objects.all()
     filterset_class = InboxMessageFilter
@@ -47,6 +48,8 @@ class InboxMessageViewSet(viewsets.ReadOnlyModelViewSet):
         "bulk_retry": [*VIEW, *RETRY],
         "replay": [*VIEW, *REPLAY],
         "bulk_replay": [*VIEW, *REPLAY],
+        "discard": [*VIEW, *DISCARD],
+        "bulk_discard": [*VIEW, *DISCARD],
     }
 
     def get_queryset(self) -> QuerySet[InboxMessage]:
@@ -95,6 +98,12 @@ class InboxMessageViewSet(viewsets.ReadOnlyModelViewSet):
         """Gives a FAILED message a fresh retry budget, due now."""
         return self._single(request, Action.INBOX_REPLAY)
 
+    @extend_schema(request=InboxActionInputSerializer, responses=InboxMessageDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def discard(self, request: Request, pk: str | None = None) -> Response:
+        """Marks a FAILED message as discarded: kept for audit, no longer run or alerted on."""
+        return self._single(request, Action.INBOX_DISCARD)
+
     def _bulk(self, request: Request, action_name: str) -> Response:
         serializer = InboxBulkInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -119,3 +128,9 @@ class InboxMessageViewSet(viewsets.ReadOnlyModelViewSet):
     def bulk_replay(self, request: Request) -> Response:
         """Replays the FAILED messages named by ids or by filter; dry_run only counts them."""
         return self._bulk(request, Action.INBOX_REPLAY)
+
+    @extend_schema(request=InboxBulkInputSerializer, responses=BulkResultSerializer)
+    @action(detail=False, methods=["post"], url_path="bulk/discard")
+    def bulk_discard(self, request: Request) -> Response:
+        """Discards the FAILED messages named by ids or by filter; dry_run only counts them."""
+        return self._bulk(request, Action.INBOX_DISCARD)

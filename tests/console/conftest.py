@@ -28,6 +28,7 @@ ACTION_PERMISSIONS = (
     "outbox.release_outboxkey",
     "outbox.retry_inboxmessage",
     "outbox.replay_inboxmessage",
+    "outbox.discard_inboxmessage",
 )
 
 

@@ -256,24 +256,40 @@ def test_release_key_needs_its_permission(make_user):
 
 
 @pytest.mark.parametrize(
-    ("action", "permission"),
+    ("action", "permission", "check"),
     [
-        ("retry_selected", "outbox.retry_inboxmessage"),
-        ("replay_selected", "outbox.replay_inboxmessage"),
+        ("retry_selected", "outbox.retry_inboxmessage", lambda m: m.status == "PENDING"),
+        ("replay_selected", "outbox.replay_inboxmessage", lambda m: m.status == "PENDING"),
+        (
+            "discard_selected",
+            "outbox.discard_inboxmessage",
+            lambda m: m.status == "FAILED" and m.discarded_at is not None,
+        ),
     ],
 )
-def test_inbox_actions_need_their_permission(make_user, make_message, action, permission):
+def test_inbox_actions_need_their_permission(make_user, make_message, action, permission, check):
     message = make_message(InboxMessage.Status.FAILED)
     _post_action(logged_in(make_user(*VIEW_PERMISSIONS)), MESSAGES, action, [message.pk])
     message.refresh_from_db()
     assert message.status == "FAILED"
+    assert message.discarded_at is None
     _post_action(
         logged_in(make_user(*VIEW_PERMISSIONS, permission)), MESSAGES, action, [message.pk]
     )
     message.refresh_from_db()
-    assert message.status == "PENDING"
-    assert message.attempts == 0
-    assert OperatorAction.objects.get().model == "inbox.InboxMessage"
+    assert check(message)
+    entry = OperatorAction.objects.get()
+    assert (entry.model, entry.changed) == ("inbox.InboxMessage", 1)
+
+
+def test_a_discarded_inbox_message_says_so_on_its_page(operator, make_message):
+    message = make_message(InboxMessage.Status.FAILED)
+    client = logged_in(operator)
+    response = client.get(f"{MESSAGES}{message.pk}/discard/")
+    assert response.status_code == 302
+    assert "FAILED (discarded)" in client.get(f"{MESSAGES}{message.pk}/change/").content.decode()
+    again = client.get(f"{MESSAGES}{message.pk}/discard/", follow=True)
+    assert "is already discarded" in again.content.decode()
 
 
 def test_the_audit_log_is_readable_and_read_only(operator, make_event):

@@ -343,17 +343,57 @@ def test_inbox_malformed_id_gets_400(viewer):
 
 
 @pytest.mark.parametrize(
-    ("suffix", "permission"),
-    [("retry/", "outbox.retry_inboxmessage"), ("replay/", "outbox.replay_inboxmessage")],
+    ("suffix", "permission", "status", "discarded"),
+    [
+        ("retry/", "outbox.retry_inboxmessage", "PENDING", False),
+        ("replay/", "outbox.replay_inboxmessage", "PENDING", False),
+        ("discard/", "outbox.discard_inboxmessage", "FAILED", True),
+    ],
 )
-def test_each_inbox_action_needs_its_own_permission(make_user, make_message, suffix, permission):
+def test_each_inbox_action_needs_its_own_permission(
+    make_user, make_message, suffix, permission, status, discarded
+):
     message = make_message(InboxMessage.Status.FAILED)
     url = f"{MESSAGES}{message.pk}/{suffix}"
     assert client_for(make_user(*VIEW_PERMISSIONS)).post(url, {}, format="json").status_code == 403
     response = client_for(make_user(*VIEW_PERMISSIONS, permission)).post(url, {}, format="json")
     assert response.status_code == 200, response.json()
-    assert response.json()["status"] == "PENDING"
-    assert response.json()["attempts"] == 0
+    assert response.json()["status"] == status
+    assert (response.json()["discarded_at"] is not None) is discarded
+    entry = OperatorAction.objects.get()
+    assert (entry.model, entry.changed, entry.object_ids) == (
+        "inbox.InboxMessage",
+        1,
+        [str(message.pk)],
+    )
+
+
+def test_inbox_discard_keeps_the_row_and_only_a_replay_brings_it_back(operator, make_message):
+    message = make_message(InboxMessage.Status.FAILED)
+    client = client_for(operator)
+    assert client.post(f"{MESSAGES}{message.pk}/discard/", {}, format="json").status_code == 200
+    again = client.post(f"{MESSAGES}{message.pk}/discard/", {}, format="json")
+    assert again.status_code == 409
+    assert "already discarded" in again.json()["message"]
+    assert client.get(MESSAGES, {"discarded": "true"}).json()["results"][0]["id"] == message.pk
+    assert client.get(MESSAGES, {"discarded": "false"}).json()["results"] == []
+
+    retried = client.post(f"{MESSAGES}bulk/retry/", {"ids": [message.pk]}, format="json").json()
+    assert retried["changed"] == 0
+    message.refresh_from_db()
+    assert (message.status, message.discarded_at is not None) == ("FAILED", True)
+
+    replayed = client.post(f"{MESSAGES}{message.pk}/replay/", {}, format="json").json()
+    assert (replayed["status"], replayed["discarded_at"]) == ("PENDING", None)
+
+
+def test_inbox_discard_of_a_done_message_is_a_409(operator, make_message):
+    message = make_message(InboxMessage.Status.DONE)
+    response = client_for(operator).post(f"{MESSAGES}{message.pk}/discard/", {}, format="json")
+    assert response.status_code == 409
+    assert "Only FAILED messages can be discarded" in response.json()["message"]
+    message.refresh_from_db()
+    assert message.discarded_at is None
 
 
 def test_inbox_replay_of_a_done_message_is_a_409(operator, make_message):
@@ -374,6 +414,18 @@ def test_inbox_bulk_dry_run_and_run(operator, make_message):
     done = client.post(f"{MESSAGES}bulk/retry/", body, format="json").json()
     assert done["changed"] == 2
     assert InboxMessage.objects.filter(status="FAILED").count() == 1
+
+
+def test_inbox_bulk_discard_by_filter_touches_only_failed_rows(operator, make_message):
+    failed = [make_message(InboxMessage.Status.FAILED, group="shipping") for _ in range(2)]
+    done = make_message(InboxMessage.Status.DONE, group="shipping")
+    body = {"filter": {"consumer_group": "shipping"}}
+    result = client_for(operator).post(f"{MESSAGES}bulk/discard/", body, format="json").json()
+    assert (result["matched"], result["changed"]) == (3, 2)
+    discarded = InboxMessage.objects.filter(discarded_at__isnull=False)
+    assert sorted(discarded.values_list("pk", flat=True)) == sorted(m.pk for m in failed)
+    done.refresh_from_db()
+    assert done.discarded_at is None
 
 
 # --- stats and docs ---------------------------------------------------------------------------

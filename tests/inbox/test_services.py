@@ -14,6 +14,7 @@ from inbox.errors import ImproperlyConfiguredInbox, InvalidTransition
 from inbox.models import ConsumerOffset, InboxMessage
 from inbox.records import parse_record
 from inbox.services import (
+    inbox_message_discard,
     inbox_message_record_batch,
     inbox_message_replay,
     inbox_message_retry,
@@ -132,6 +133,31 @@ def test_only_failed_rows_with_json_can_be_replayed(applied):
     record_batch([parse_record(not_json)])
     with pytest.raises(InvalidTransition, match="not JSON"):
         inbox_message_replay(message=InboxMessage.objects.get(offset=9))
+
+
+def test_a_discarded_row_stays_a_dedup_record_until_replayed(applied):
+    bad = Event()
+    applied["raise_for"] = {bad.event_id}
+    with override_settings(INBOX_MAX_ATTEMPTS=1):
+        record_batch(records([bad]))
+    row = InboxMessage.objects.get(event_id=bad.event_id)
+    assert row.status == InboxMessage.Status.FAILED
+    inbox_message_discard(message=row)
+    with pytest.raises(InvalidTransition, match="already discarded"):
+        inbox_message_discard(message=row)
+
+    applied["raise_for"] = set()
+    record_batch(records([bad], start=5))  # redelivered: counted, not run
+    row.refresh_from_db()
+    assert (row.status, row.duplicate_count) == (InboxMessage.Status.FAILED, 1)
+    assert row.discarded_at is not None
+    assert effect_counts(GROUP) == {}
+
+    inbox_message_replay(message=row)
+    assert inbox_messages_retry_due(limit=10)["done"] == 1
+    row.refresh_from_db()
+    assert (row.status, row.discarded_at) == (InboxMessage.Status.DONE, None)
+    assert effect_counts(GROUP) == {bad.event_id: 1}
 
 
 def test_a_retry_without_a_handler_counts_as_a_failed_attempt(applied):
