@@ -17,7 +17,10 @@ RUN pip install --no-cache-dir --requirement requirements.txt
 COPY . .
 RUN DJANGO_SETTINGS_MODULE=project.settings.local python manage.py collectstatic --noinput
 
-RUN useradd --system --uid 1000 app && chown -R app /app
+# /var/lib/metrics: the Prometheus counters of every app container (a shared volume in
+# docker-compose.yml); created here so that the volume belongs to the app user.
+RUN useradd --system --uid 1000 app && chown -R app /app \
+    && mkdir -p /var/lib/metrics && chown app /var/lib/metrics
 USER app
 
 EXPOSE 8000

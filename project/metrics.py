@@ -1,6 +1,7 @@
-"""/metrics for Prometheus: this process's counters and histograms (outbox.metrics,
-inbox.metrics), plus gauges read from the database at scrape time, so that every process
-reports the same backlog whatever did the work."""
+"""/metrics for Prometheus: the counters and histograms of outbox.metrics and inbox.metrics,
+summed over every process when PROMETHEUS_MULTIPROC_DIR is set (project/process_metrics.py),
+else this process's own; plus gauges read from the database at scrape time, so that the
+backlog is the same whichever process answers."""
 
 import contextlib
 import hmac
@@ -9,8 +10,9 @@ from collections.abc import Iterator
 from django.conf import settings
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 import inbox.metrics  # noqa: F401  (registers the inbox's counters in this process)
@@ -18,6 +20,7 @@ import outbox.metrics  # noqa: F401  (registers the relay's counters in this pro
 from inbox.models import InboxMessage
 from outbox.models import OutboxEvent
 from outbox.selectors import outbox_oldest_pending_age_seconds
+from project.process_metrics import multiprocess_directory
 from project.selectors import status_counts
 
 
@@ -77,4 +80,15 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
         if not hmac.compare_digest(given.encode(), token.encode()):
             return HttpResponse("A bearer token is required.\n", status=401)
-    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
+    return HttpResponse(generate_latest(_scrape_registry()), content_type=CONTENT_TYPE_LATEST)
+
+
+def _scrape_registry() -> CollectorRegistry:
+    directory = multiprocess_directory()
+    if directory is None:
+        return REGISTRY
+    # The files of every process (this one's included), and the database's gauges.
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=directory)
+    registry.register(_collector)
+    return registry

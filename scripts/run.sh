@@ -29,6 +29,11 @@ user.save()
 '
 
 mkdir -p "$LOG_DIR"
+# The Prometheus counters of every process started below, summed by the web's /metrics;
+# its counter files are removed first, so that a run counts from zero.
+export PROMETHEUS_MULTIPROC_DIR="${PROMETHEUS_MULTIPROC_DIR:-$PWD/.local/metrics}"
+mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
+rm -f "$PROMETHEUS_MULTIPROC_DIR"/*.db
 pids=()
 start() {
   local name="$1"; shift

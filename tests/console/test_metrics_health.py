@@ -1,7 +1,14 @@
 """/metrics reads the backlog from the database at scrape time; /health/ checks PostgreSQL,
 Kafka, Redis, Celery workers and beat."""
 
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+from django.conf import settings
 from django.test import Client
 
 from outbox.models import OutboxEvent
@@ -20,6 +27,48 @@ def test_metrics_expose_database_gauges(make_event):
     assert 'inbox_messages{status="DONE"} 0.0' in text
     assert "outbox_oldest_pending_age_seconds" in text
     assert "outbox_events_published_total" in text or "outbox_events_published" in text
+
+
+COUNT_IN_ANOTHER_PROCESS = """
+import django
+django.setup()
+from outbox import metrics
+metrics.PUBLISHED.labels("orders").inc(3)
+metrics.PUBLISH_LAG.observe(0.02)
+"""
+
+
+def test_metrics_sum_the_counters_of_every_process(tmp_path, monkeypatch, make_event):
+    # The relay and the consumers count in processes other than the web's: with
+    # PROMETHEUS_MULTIPROC_DIR, /metrics must show what they counted.
+    environment = {
+        **os.environ,
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+        "DJANGO_SETTINGS_MODULE": "project.settings.test",
+    }
+    for _ in range(2):
+        subprocess.run(
+            [sys.executable, "-c", COUNT_IN_ANOTHER_PROCESS],
+            cwd=Path(settings.BASE_DIR),
+            env=environment,
+            check=True,
+            timeout=60,
+        )
+    # Named by host and pid: containers sharing the directory repeat each other's pids.
+    host = socket.gethostname().replace("_", "-")
+    assert sorted(path.name.split("_")[0] for path in tmp_path.iterdir()) == [
+        "counter",
+        "counter",
+        "histogram",
+        "histogram",
+    ]
+    assert all(path.name.split("_", 1)[1].startswith(f"{host}-") for path in tmp_path.iterdir())
+    make_event(OutboxEvent.Status.PENDING)
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    text = Client().get("/metrics").content.decode()
+    assert 'outbox_events_published_total{topic="orders"} 6.0' in text
+    assert "outbox_publish_lag_seconds_count 2.0" in text
+    assert 'outbox_events{status="PENDING"} 1.0' in text
 
 
 def test_metrics_token(settings):

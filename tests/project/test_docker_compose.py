@@ -8,6 +8,7 @@ import pytest
 import yaml
 from django.conf import settings
 
+from project.process_metrics import MULTIPROCESS_DIRECTORY_VARIABLE
 from project.settings.environment import PRODUCTION_REQUIRED_VARIABLES
 
 BASE_DIR = Path(settings.BASE_DIR)
@@ -47,7 +48,10 @@ def test_app_services_share_one_image_and_the_required_variables(compose):
 
 
 def test_app_variables_are_ones_the_settings_read(compose):
-    known = variables_read_by_settings() | {"DJANGO_SETTINGS_MODULE"}
+    known = variables_read_by_settings() | {
+        "DJANGO_SETTINGS_MODULE",
+        MULTIPROCESS_DIRECTORY_VARIABLE,
+    }
     for name in APP_SERVICES:
         unknown = set(compose["services"][name]["environment"]) - known
         assert not unknown, f"{name} sets variables no setting reads: {unknown}"
