@@ -102,32 +102,6 @@ class InboxMessageAdmin(ReadOnlyModelAdmin):
             {"fields": ("payload_json", "headers_json", "raw_value", "raw_value_encoding")},
         ),
     )
-    readonly_fields = (
-        "event_id",
-        "outbox_event",
-        "consumer_group",
-        "event_type",
-        "aggregate_type",
-        "aggregate_id",
-        "topic",
-        "partition",
-        "offset",
-        "key",
-        "published_at",
-        "state",
-        "attempts",
-        "next_attempt_at",
-        "last_error_text",
-        "received_at",
-        "processed_at",
-        "duplicate_count",
-        "last_duplicate_at",
-        "discarded_at",
-        "payload_json",
-        "headers_json",
-        "raw_value",
-        "raw_value_encoding",
-    )
 
     def has_retry_permission(self, request: HttpRequest, object_id: Any = None) -> bool:
         return bool(request.user.has_perm("outbox.retry_inboxmessage"))

@@ -100,27 +100,6 @@ class OutboxEventAdmin(ReadOnlyModelAdmin):
         ("Payload and headers", {"fields": ("payload_json", "headers_json")}),
         ("Timeline: consumers of this event", {"fields": ("timeline",)}),
     )
-    readonly_fields = (
-        "id",
-        "event_type",
-        "aggregate_type",
-        "aggregate_id",
-        "topic",
-        "key",
-        "state",
-        "attempts",
-        "next_attempt_at",
-        "last_error_text",
-        "created_at",
-        "published_at",
-        "kafka_partition",
-        "kafka_offset",
-        "position",
-        "discarded_at",
-        "payload_json",
-        "headers_json",
-        "timeline",
-    )
 
     def has_retry_permission(self, request: HttpRequest, object_id: Any = None) -> bool:
         return bool(request.user.has_perm("outbox.retry_outboxevent"))

@@ -3,11 +3,13 @@ rows, exact-match text filters (served by indexes, unlike icontains), JSON displ
 "retry everything matching the filter" confirmation view."""
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.utils import flatten_fieldsets
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
@@ -35,6 +37,13 @@ class ReadOnlyModelAdmin(ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Sequence[str]:
+        # Nothing here is edited: every field the fieldsets show is read-only, computed
+        # ones (JSON, badges, the timeline) included, so the list is not written twice.
+        if self.fieldsets:
+            return flatten_fieldsets(self.fieldsets)
+        return super().get_readonly_fields(request, obj)
 
 
 class EstimatedCountPaginator(Paginator):
