@@ -242,6 +242,10 @@ def inbox_message_action(
             if not changed:
                 from inbox.errors import InvalidTransition
 
+                if message.discarded_at is not None:
+                    raise InvalidTransition(
+                        f"Message {message.pk} was discarded; replay it to run it again."
+                    )
                 raise InvalidTransition(
                     f"Message {message.pk} is {message.status}: only FAILED messages and "
                     "PENDING ones waiting for a retry can be retried."

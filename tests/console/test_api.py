@@ -380,6 +380,9 @@ def test_inbox_discard_keeps_the_row_and_only_a_replay_brings_it_back(operator, 
 
     retried = client.post(f"{MESSAGES}bulk/retry/", {"ids": [message.pk]}, format="json").json()
     assert retried["changed"] == 0
+    refused = client.post(f"{MESSAGES}{message.pk}/retry/", {}, format="json")
+    assert refused.status_code == 409
+    assert "was discarded; replay it" in refused.json()["message"]
     message.refresh_from_db()
     assert (message.status, message.discarded_at is not None) == ("FAILED", True)
 
