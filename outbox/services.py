@@ -1,6 +1,7 @@
 """Writes to the outbox: publish() for business code, claim and mark for the relay, and the
 operator's repairs. Marking a batch takes one statement per outcome, never one per row."""
 
+import functools
 import json
 import re
 import time
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, connection, transaction
@@ -190,16 +192,43 @@ _last_nudge_at = 0.0
 def _send_relay_nudge() -> None:
     from outbox.tasks import relay
 
-    # At most one nudge per OUTBOX_NUDGE_MIN_INTERVAL_MS per process: under load, a relay
-    # run started by the previous nudge is still looping over the new events, and a flood
-    # of nudges would only queue empty runs. A skipped nudge waits at most for the next one
-    # or the next beat tick; the outbox table, not the nudge, is the source of truth.
+    # At most one nudge per OUTBOX_NUDGE_MIN_INTERVAL_MS: under load, a relay run started by
+    # the previous nudge is still looping over the new events, and a flood of nudges would
+    # only queue empty runs that take CPU from the work. A skipped nudge waits at most for
+    # the next one or the next beat tick; the outbox table, not the nudge, is the source of
+    # truth. Checked in this process first (free), then across all processes (Redis).
     global _last_nudge_at
+    interval_ms = settings.OUTBOX_NUDGE_MIN_INTERVAL_MS
     now = time.monotonic()
-    if now - _last_nudge_at < settings.OUTBOX_NUDGE_MIN_INTERVAL_MS / 1000:
+    if now - _last_nudge_at < interval_ms / 1000:
         return
     _last_nudge_at = now
+    if not _take_shared_nudge_slot(interval_ms):
+        return
     relay.apply_async(ignore_result=True, retry=False)
+
+
+def relay_nudge_key() -> str:
+    # Per database: relays of other databases sharing the Redis are not held back.
+    return f"outbox:relay-nudge:{connection.settings_dict['NAME']}"
+
+
+@functools.cache
+def _broker_redis(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+
+
+def _take_shared_nudge_slot(interval_ms: int) -> bool:
+    """True for the first caller in all processes within `interval_ms`. A broker that is not
+    Redis, or a Redis that does not answer, does not hold nudges back (apply_async then
+    reports the broker's state as it always did)."""
+    url = settings.CELERY_BROKER_URL
+    if interval_ms <= 0 or not url.startswith(("redis://", "rediss://")):
+        return True
+    try:
+        return bool(_broker_redis(url).set(relay_nudge_key(), 1, nx=True, px=interval_ms))
+    except redis.RedisError:
+        return True
 
 
 # --- the relay's claim and marks ------------------------------------------------------------

@@ -14,7 +14,7 @@ OUTBOX_BATCH_SIZE = env.int("OUTBOX_BATCH_SIZE", default=1000)
 OUTBOX_RELAY_MAX_RUN_SECONDS = env.float("OUTBOX_RELAY_MAX_RUN_SECONDS", default=10.0)
 # Sends the relay task when a transaction that published events commits.
 OUTBOX_NUDGE_ON_COMMIT = env.bool("OUTBOX_NUDGE_ON_COMMIT", default=True)
-# ... at most once per this many milliseconds per process.
+# ... at most once per this many milliseconds in all processes together (through Redis).
 OUTBOX_NUDGE_MIN_INTERVAL_MS = env.int("OUTBOX_NUDGE_MIN_INTERVAL_MS", default=100)
 
 # A claimed row belongs to its relay for this long; a relay that dies leaves its rows to

@@ -1,6 +1,7 @@
 import uuid
 
 import pytest
+import redis
 from django.db import transaction
 
 import outbox
@@ -13,7 +14,7 @@ from outbox.errors import (
     PayloadTooLarge,
 )
 from outbox.models import OutboxEvent
-from outbox.services import outbox_event_publish
+from outbox.services import outbox_event_publish, relay_nudge_key
 from outbox.tracing import current_traceparent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -173,7 +174,16 @@ def test_the_size_limit_counts_the_bytes_the_relay_will_send(settings):
     assert len(sent) > len(b'{"items":[' + b",".join([b"1"] * 300) + b"]}")
 
 
-def test_nudges_are_spaced_by_the_minimum_interval(settings, monkeypatch):
+@pytest.fixture
+def shared_nudge_slot(settings):
+    """The Redis key that spaces nudges across processes, free before and after the test."""
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    client.delete(relay_nudge_key())
+    yield client
+    client.delete(relay_nudge_key())
+
+
+def test_nudges_are_spaced_by_the_minimum_interval(settings, monkeypatch, shared_nudge_slot):
     settings.OUTBOX_NUDGE_ON_COMMIT = True
     settings.OUTBOX_NUDGE_MIN_INTERVAL_MS = 60_000
     monkeypatch.setattr("outbox.services._last_nudge_at", 0.0)
@@ -183,3 +193,23 @@ def test_nudges_are_spaced_by_the_minimum_interval(settings, monkeypatch):
         with transaction.atomic():
             outbox.publish(**EVENT)
     assert len(sent) == 1
+
+
+def test_nudges_are_spaced_across_processes(settings, monkeypatch, shared_nudge_slot):
+    settings.OUTBOX_NUDGE_ON_COMMIT = True
+    settings.OUTBOX_NUDGE_MIN_INTERVAL_MS = 60_000
+    sent = []
+    monkeypatch.setattr("outbox.tasks.relay.apply_async", lambda **kwargs: sent.append(kwargs))
+    for process in range(3):
+        # Each round is another web process: its own spacing has never nudged.
+        monkeypatch.setattr("outbox.services._last_nudge_at", 0.0)
+        with transaction.atomic():
+            outbox.publish(**{**EVENT, "aggregate_id": f"p-{process}"})
+    assert len(sent) == 1
+    assert 0 < shared_nudge_slot.pttl(relay_nudge_key()) <= 60_000
+
+    shared_nudge_slot.delete(relay_nudge_key())  # the interval has passed
+    monkeypatch.setattr("outbox.services._last_nudge_at", 0.0)
+    with transaction.atomic():
+        outbox.publish(**{**EVENT, "aggregate_id": "p-late"})
+    assert len(sent) == 2
