@@ -14,6 +14,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,12 +111,19 @@ def _generate(rows: int, regenerate: bool) -> None:
         print(f"vacuum analyze in {time.perf_counter() - started:.0f} s")
 
 
-def _measure(client: Any, url: str, runs: int) -> tuple[float, float, float]:
+def _nothing() -> None:
+    pass
+
+
+def _measure(
+    client: Any, url: str, runs: int, before_each: Callable[[], None] = _nothing
+) -> tuple[float, float, float]:
     response = client.get(url)  # warm-up (and a check)
     if response.status_code != 200:
         raise SystemExit(f"{url} answered {response.status_code}: {response.content[:500]!r}")
     timings = []
     for _ in range(runs):
+        before_each()
         started = time.perf_counter()
         response = client.get(url)
         timings.append((time.perf_counter() - started) * 1000)
@@ -186,6 +194,13 @@ def main() -> None:
         ("api", "stats summary", "/api/stats/summary/"),
         ("dashboard", "admin dashboard", "/admin/"),
     ]
+    # The dashboard caches its slower reads (CONSOLE_DASHBOARD_CACHE_SECONDS, Kafka's lag
+    # CONSOLE_KAFKA_CACHE_SECONDS); an operator who refreshes less often than that always
+    # meets them cold, so the cold page has the same target.
+    from django.core.cache import cache
+
+    cold_cases = {"admin dashboard, caches cold": cache.clear}
+    cases.append(("dashboard", "admin dashboard, caches cold", "/admin/"))
     targets = {"admin": 300.0, "api": 300.0, "dashboard": 500.0}
     print(
         f"\n{arguments.rows} outbox + {arguments.rows} inbox rows in "
@@ -196,20 +211,13 @@ def main() -> None:
     print(f"{'kind':<10} {'page':<36} {'p50':>8} {'p95':>8} {'max':>8}  target")
     failures = 0
     for kind, name, path in cases:
-        p50, p95, worst = _measure(client, path, arguments.runs)
+        p50, p95, worst = _measure(client, path, arguments.runs, cold_cases.get(name, _nothing))
         ok = p95 <= targets[kind]
         failures += not ok
         print(
             f"{kind:<10} {name:<36} {p50:8.1f} {p95:8.1f} {worst:8.1f}  "
             f"p95 <= {targets[kind]:.0f} {'ok' if ok else 'MISSED'}"
         )
-    # The dashboard's Kafka read is cached CONSOLE_KAFKA_CACHE_SECONDS; this is its cold cost.
-    from django.core.cache import cache
-
-    cache.clear()
-    started = time.perf_counter()
-    client.get("/admin/")
-    print(f"dashboard with a cold Kafka lag cache: {(time.perf_counter() - started) * 1000:.1f} ms")
     print(f"load average after: {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
     sys.exit(1 if failures else 0)
 

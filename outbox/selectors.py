@@ -30,10 +30,15 @@ def outbox_quarantined_keys(*, limit: int = 100) -> list[QuarantinedKey]:
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            SELECT topic, key, id, status, attempts, last_error, next_attempt_at, waiting
+            SELECT topic, key, id, status, attempts,
+                   -- Read for the rows shown only: error texts are long, and carried
+                   -- through the sort of every undelivered row they made it spill to disk.
+                   (SELECT last_error FROM outbox_event AS blocking
+                    WHERE blocking.id = undelivered.id),
+                   next_attempt_at, waiting
             FROM (
                 -- One pass over the undelivered rows, in the order of their index.
-                SELECT topic, key, id, status, attempts, last_error, next_attempt_at,
+                SELECT topic, key, id, status, attempts, next_attempt_at,
                        row_number() OVER per_key AS rank,
                        count(*) OVER (PARTITION BY topic, key) - 1 AS waiting
                 FROM outbox_event

@@ -2,8 +2,10 @@
 rows: exact counts only where an index keeps them small, estimates elsewhere, and Kafka calls
 with a short timeout whose failure is a state to show, never an error page."""
 
+import functools
 import hashlib
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
@@ -101,8 +103,9 @@ def rate_series(*, period: timedelta, bucket: timedelta) -> RateSeries:
 
 
 # Failures by class are read from the latest FAILED rows of each side, so the card stays cheap
-# however many rows have failed.
-FAILURE_SAMPLE_ROWS = 5000
+# however many rows have failed: finding them walks the outbox by creation time, and with 2%
+# of a million rows FAILED, 1,000 of them cost a fifth of what 5,000 did.
+FAILURE_SAMPLE_ROWS = 1000
 
 
 def failures_by_error_class(*, limit: int = 10) -> list[dict[str, Any]]:
@@ -196,7 +199,16 @@ def console_consumer_groups() -> dict[str, list[str]]:
 
 
 def _admin_client(timeout: float) -> AdminClient:
-    milliseconds = max(1, int(timeout * 1000))
+    # One client per process and configuration, kept: a new one per dashboard refresh paid
+    # its connection set-up every time. Keyed by pid too, since a librdkafka client does not
+    # survive a fork (gunicorn and Celery fork their workers).
+    return _process_admin_client(
+        os.getpid(), settings.KAFKA_BOOTSTRAP_SERVERS, max(1, int(timeout * 1000))
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _process_admin_client(pid: int, bootstrap_servers: str, milliseconds: int) -> AdminClient:
     return AdminClient(
         {
             **kafka_connection_config(),
