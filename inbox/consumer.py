@@ -116,9 +116,37 @@ class InboxConsumer:
         self.start()
         try:
             while self.running:
-                self.poll_batch()
+                try:
+                    self.poll_batch()
+                except KafkaException as error:
+                    if not _is_fatal(error.args[0] if error.args else None):
+                        raise
+                    self._replace_after_fatal_error(error)
         finally:
             self.close()
+
+    def _replace_after_fatal_error(self, error: KafkaException) -> None:
+        # A fatal error (e.g. a static member fenced while the group coordinator moved)
+        # leaves a consumer that never fetches again. Nothing of the batch in flight was
+        # committed: a new consumer rejoins the group and resumes from the committed
+        # offsets, and the inbox counts what comes again as duplicates.
+        logger.error(
+            "Group %s: fatal consumer error %s; rejoining with a new consumer in %.1fs",
+            self.group,
+            error,
+            self._error_backoff,
+        )
+        self._in_flight = []
+        self._assigned.clear()
+        try:
+            self.close()
+        except KafkaException as close_error:
+            logger.warning("Group %s: closing the failed consumer: %s", self.group, close_error)
+            self._consumer = None
+        time.sleep(self._error_backoff)
+        self._error_backoff = min(self._error_backoff * 2, ERROR_BACKOFF_MAX_SECONDS)
+        if self.running:
+            self.start()
 
     # One batch -------------------------------------------------------------------------
 
@@ -177,7 +205,7 @@ class InboxConsumer:
     def _usable(self, message: Message) -> bool:
         error = message.error()
         if error is not None:
-            if error.fatal():
+            if _is_fatal(error):
                 raise KafkaException(error)
             if error.code() != KafkaError._PARTITION_EOF:
                 logger.warning("Group %s: consumer error %s", self.group, error)
@@ -255,3 +283,9 @@ class InboxConsumer:
             "Group %s: lost %s, dropped %d records", self.group, sorted(lost), len(dropped)
         )
         self._assigned.difference_update(lost)
+
+
+def _is_fatal(error: object) -> bool:
+    # librdkafka reports a fatal error as an event with code _FATAL, whose fatal() is False;
+    # the underlying error (e.g. FENCED_INSTANCE_ID) carries the flag.
+    return isinstance(error, KafkaError) and (error.fatal() or error.code() == KafkaError._FATAL)

@@ -1,5 +1,6 @@
 """inbox/consumer.py: two consumer processes in one group, with rebalances mid-stream."""
 
+import time
 import uuid
 
 import pytest
@@ -41,3 +42,33 @@ def test_two_consumers_with_rebalances_process_every_event_exactly_once(
     assert set(counts.values()) == {1}, "an event was applied twice"
     assert InboxMessage.objects.filter(consumer_group=group, status="DONE").count() == EVENTS
     assert sum(committed_offsets(group, topic, PARTITIONS)) == EVENTS
+
+
+def test_a_fenced_static_member_rejoins_with_a_new_consumer(consumer_process, kafka_topic, effects):
+    # Two processes with one group.instance.id: the second fences the first, whose librdkafka
+    # consumer is then dead for good (a fatal error). It must replace itself, not idle.
+    topic, group = kafka_topic(partitions=3), f"test-group-{uuid.uuid4().hex[:10]}"
+    static = {
+        "INBOX_CONSUMER_CONFIG": (
+            f"group.instance.id={group}-1,session.timeout.ms=10000,heartbeat.interval.ms=500"
+        )
+    }
+    before = make_events(100, event_type="Effect")
+    produce(topic, before)
+    first = consumer_process(group=group, topic=topic, **static)
+    wait_for(lambda: len(effect_counts(group)) == 100, what="the first consumer", timeout=60)
+
+    impostor = consumer_process(group=group, topic=topic, **static)
+    wait_for(lambda: "Inbox consumer for group" in impostor.output(), what="the impostor")
+    time.sleep(5)  # it joins, and the first's next heartbeats are refused: fenced
+    impostor.popen.kill()  # gone without leaving the group: its slot is taken over
+    impostor.popen.wait()
+
+    after = make_events(100, event_type="Effect")
+    produce(topic, after)
+    wait_for(lambda: len(effect_counts(group)) == 200, what="every event", timeout=120)
+    assert first.terminate() == 0, first.output()
+    assert "fatal consumer error" in first.output()
+    counts = effect_counts(group)
+    assert set(counts) == {e.event_id for e in before + after}
+    assert set(counts.values()) == {1}, "an event was applied twice"
