@@ -39,6 +39,18 @@ def test_publish_records_a_pending_event_with_the_defaults():
     assert stored.position == event.position
 
 
+def test_the_returned_event_is_the_stored_row_field_for_field():
+    # publish() writes its row with a statement of its own, not Model.save(): every field of
+    # the model must come back from the database as publish() returned it.
+    with transaction.atomic():
+        event = outbox.publish(**EVENT, headers={"tenant": "eu"})
+    stored = OutboxEvent.objects.get(pk=event.pk)
+    for field in OutboxEvent._meta.concrete_fields:
+        assert getattr(event, field.attname) == getattr(stored, field.attname), field.name
+    assert not event._state.adding
+    event.save(update_fields=["last_error"])  # usable as any model instance fetched
+
+
 def test_the_debezium_column_names():
     with transaction.atomic():
         event = outbox.publish(**EVENT)
