@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -38,7 +39,7 @@ def payload(number: int) -> dict:
     return {"number": number, "seq": number // KEYS, "data": "x" * (PAYLOAD_BYTES - 40)}
 
 
-def insert_events(topic: str, count: int) -> None:
+def insert_events(topic: str, count: int, keys: int = KEYS) -> None:
     """Bulk-inserts PENDING events, as many publish() calls would, but fast."""
     from django.db import connection
 
@@ -55,7 +56,7 @@ def insert_events(topic: str, count: int) -> None:
                    now(), now(), ''
             FROM generate_series(0, %(count)s - 1) AS n
             """,
-            {"keys": KEYS, "filler": PAYLOAD_BYTES - 40, "topic": topic, "count": count},
+            {"keys": keys, "filler": PAYLOAD_BYTES - 40, "topic": topic, "count": count},
         )
         # Rows a real workload adds over time (autovacuum keeps their statistics) appear
         # here at once: give the planner their statistics before the clock starts.
@@ -110,6 +111,27 @@ def measure_drain(topic: str, count: int, batch_size: int) -> float:
     if drained != count:
         raise RuntimeError(f"drained {drained} of {count} events")
     return count / elapsed
+
+
+def measure_claim_behind_backlog(topic: str, count: int, keys: int, batch_size: int) -> float:
+    """Milliseconds a claim takes when `count` events queue on `keys` keys and another relay
+    holds the next event of every key: it finds nothing to take, and must find that fast."""
+    from outbox.models import OutboxEvent
+    from outbox.services import outbox_events_claim
+
+    insert_events(topic, count, keys)
+    held = outbox_events_claim(relay_id="bench-holder", batch_size=keys)
+    timings = []
+    for _ in range(5):
+        started = time.perf_counter()
+        taken = outbox_events_claim(relay_id="bench-late", batch_size=batch_size)
+        timings.append((time.perf_counter() - started) * 1000)
+        if taken:
+            raise RuntimeError(f"a claim took {len(taken)} events queued behind held ones")
+    OutboxEvent.objects.filter(topic=topic).delete()
+    if len(held) != keys:
+        raise RuntimeError(f"the holder claimed {len(held)} events, not one per key ({keys})")
+    return statistics.median(timings)
 
 
 def measure_producer(topic: str, count: int) -> float:
@@ -177,9 +199,17 @@ def measure_relay(topic: str, count: int, batch_size: int, *, transactional: boo
 PUBLISHER_PROCESSES = 4
 
 
-def _publish_paced(topic: str, event_type: str, rate: float, seconds: float, first: int) -> None:
+def _publish_paced(
+    topic: str,
+    event_type: str,
+    rate: float,
+    seconds: float,
+    first: int,
+    costs: "multiprocessing.Queue[tuple[int, float]]",
+) -> None:
     """One publisher process: `rate` events a second through outbox.publish(), 10 per
-    transaction, catching up when it falls behind."""
+    transaction, catching up when it falls behind. Puts (events, CPU seconds spent in the
+    publishing transactions) on `costs`."""
     from django.db import connection, transaction
 
     import outbox
@@ -189,8 +219,10 @@ def _publish_paced(topic: str, event_type: str, rate: float, seconds: float, fir
     started = time.perf_counter()
     next_at = started
     number = first
+    published, cpu_seconds = 0, 0.0
     try:
         while time.perf_counter() - started < seconds:
+            cpu_started = time.process_time()
             with transaction.atomic():
                 for _ in range(per_transaction):
                     outbox.publish(
@@ -201,28 +233,40 @@ def _publish_paced(topic: str, event_type: str, rate: float, seconds: float, fir
                         topic=topic,
                     )
                     number += PUBLISHER_PROCESSES
+            cpu_seconds += time.process_time() - cpu_started
+            published += per_transaction
             next_at += interval
             pause = next_at - time.perf_counter()
             if pause > 0:
                 time.sleep(pause)
     finally:
         connection.close()
+        costs.put((published, cpu_seconds))
 
 
-def offer_load(topic: str, rate: int, seconds: float, event_type: str = "OrderPlaced") -> float:
+@dataclass
+class OfferedLoad:
+    rate: float  # events/s actually achieved
+    publish_cpu_ms: float  # CPU milliseconds per event in the publishers' transactions
+
+
+def offer_load(
+    topic: str, rate: int, seconds: float, event_type: str = "OrderPlaced"
+) -> OfferedLoad:
     """Publishes `rate` events a second of `event_type` to `topic` from PUBLISHER_PROCESSES
     processes (threads of one process share its interpreter lock and could not offer 1,000
-    events/s); returns the rate actually achieved."""
+    events/s)."""
     from django.db import connections
 
     from outbox.models import OutboxEvent
 
     connections.close_all()  # a forked child must open its own connection
     context = multiprocessing.get_context("fork")
+    costs = context.Queue()
     publishers = [
         context.Process(
             target=_publish_paced,
-            args=(topic, event_type, rate / PUBLISHER_PROCESSES, seconds, number),
+            args=(topic, event_type, rate / PUBLISHER_PROCESSES, seconds, number, costs),
         )
         for number in range(PUBLISHER_PROCESSES)
     ]
@@ -235,7 +279,10 @@ def offer_load(topic: str, rate: int, seconds: float, event_type: str = "OrderPl
     if any(publisher.exitcode for publisher in publishers):
         raise RuntimeError("a publisher process failed")
     published = OutboxEvent.objects.filter(topic=topic, event_type=event_type).count()
-    return published / elapsed
+    reported = [costs.get(timeout=10) for _ in publishers]
+    events = sum(count for count, _ in reported) or 1
+    cpu_ms = 1000 * sum(cpu for _, cpu in reported) / events
+    return OfferedLoad(rate=published / elapsed, publish_cpu_ms=cpu_ms)
 
 
 def warm_up(topic: str) -> None:
@@ -272,11 +319,12 @@ def lag_percentiles(
 
 
 def report_lag(
-    mode: str, achieved: float, p50: float, p99: float, worst: float, missing: int
+    mode: str, offered: OfferedLoad, p50: float, p99: float, worst: float, missing: int
 ) -> None:
     print(
-        f"  {mode:<30}{achieved:6.0f} events/s  p50 {p50:7.1f} ms  p99 {p99:7.1f} ms"
+        f"  {mode:<30}{offered.rate:6.0f} events/s  p50 {p50:7.1f} ms  p99 {p99:7.1f} ms"
         f"  max {worst:7.1f} ms  not done {missing}"
+        f"  publish() {offered.publish_cpu_ms:.2f} ms CPU/event"
     )
 
 
@@ -328,6 +376,7 @@ def main() -> None:
     topics = [create_topic() for _ in range(6)]
     try:
         drain = measure_drain(topics[0], count, batch)
+        blocked_claim = measure_claim_behind_backlog(topics[0], 100_000, 1_000, batch)
         producer = measure_producer(topics[1], count)
         relay = measure_relay(topics[2], count, batch, transactional=False)
         transactional = measure_relay(topics[3], count, batch, transactional=True)
@@ -339,6 +388,10 @@ def main() -> None:
         print(f"{'relay / drain':<44}{relay / drain:>10.2f}")
         print(f"{'relay / producer':<44}{relay / producer:>10.2f}")
         print(f"{'transactional / plain relay':<44}{transactional / relay:>10.2f}")
+        print(
+            f"{'claim behind 100,000 events on 1,000 keys':<44}{blocked_claim:>10.0f} ms"
+            "  (their next events held by another relay)"
+        )
 
         if options.rates_only:
             return
@@ -351,10 +404,10 @@ def main() -> None:
         )
         time.sleep(3)
         warm_up(topics[4])
-        achieved = offer_load(topics[4], options.lag_rate, options.lag_seconds)
+        offered = offer_load(topics[4], options.lag_rate, options.lag_seconds)
         p50, p99, worst, missing = lag_percentiles(topics[4])
         stop(relay_process)
-        report_lag("outbox_relay (LISTEN/NOTIFY)", achieved, p50, p99, worst, missing)
+        report_lag("outbox_relay (LISTEN/NOTIFY)", offered, p50, p99, worst, missing)
 
         beat_environment = {
             **child_environment,
@@ -392,12 +445,12 @@ def main() -> None:
         time.sleep(8)
         settings.OUTBOX_NUDGE_ON_COMMIT = True
         warm_up(topics[5])
-        achieved = offer_load(topics[5], options.lag_rate, options.lag_seconds)
+        offered = offer_load(topics[5], options.lag_rate, options.lag_seconds)
         settings.OUTBOX_NUDGE_ON_COMMIT = False
         p50, p99, worst, missing = lag_percentiles(topics[5])
         stop(beat)
         stop(worker)
-        report_lag("Celery beat (1 s) + nudge", achieved, p50, p99, worst, missing)
+        report_lag("Celery beat (1 s) + nudge", offered, p50, p99, worst, missing)
     finally:
         delete_topics(topics)
 

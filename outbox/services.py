@@ -263,13 +263,41 @@ def _take_shared_nudge_slot(interval_ms: int) -> bool:
 
 # --- the relay's claim and marks ------------------------------------------------------------
 
-CLAIM_SQL = """
+# Which rows a claim may take: due, PENDING, not leased to a live relay. Checked again on the
+# latest version of each row as it is locked (FOR UPDATE under READ COMMITTED).
+_CLAIMABLE = """
+    event.status = 'PENDING'
+    AND event.next_attempt_at <= now()
+    AND (event.locked_until IS NULL OR event.locked_until < now())
+"""
+
+_LEASE_AND_RETURN = """
+UPDATE outbox_event AS event
+SET locked_until = now() + make_interval(secs => %(lease_seconds)s),
+    locked_by = %(relay_id)s
+FROM candidates
+WHERE event.id = candidates.id
+RETURNING event.id, event.aggregatetype, event.aggregateid, event.type, event.payload::text,
+          event.headers, event.topic, event.key, event.created_at, event.attempts,
+          event.position
+"""
+
+# The first pass: among the oldest claimable events, those that are the next of their key.
+# It looks at no more than %(window)s rows. Without that bound, a backlog queued deep on a
+# few keys whose next events are out with another relay made every claim probe the whole
+# backlog for an earlier event of the key (minutes per claim at 100,000 events on 1,000 keys
+# with three relays).
+CLAIM_OLDEST_SQL = f"""
 WITH candidates AS (
     SELECT event.id
-    FROM outbox_event AS event
-    WHERE event.status = 'PENDING'
-      AND event.next_attempt_at <= now()
-      AND (event.locked_until IS NULL OR event.locked_until < now())
+    FROM (
+        SELECT id FROM outbox_event AS event
+        WHERE {_CLAIMABLE}
+        ORDER BY event.position
+        LIMIT %(window)s
+    ) AS oldest
+    JOIN outbox_event AS event ON event.id = oldest.id
+    WHERE {_CLAIMABLE}
       -- Order per key: only the oldest undelivered event of a (topic, key) may go out.
       AND NOT EXISTS (
           SELECT 1 FROM outbox_event AS earlier
@@ -281,17 +309,34 @@ WITH candidates AS (
       )
     ORDER BY event.position
     LIMIT %(batch_size)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF event SKIP LOCKED
 )
-UPDATE outbox_event AS event
-SET locked_until = now() + make_interval(secs => %(lease_seconds)s),
-    locked_by = %(relay_id)s
-FROM candidates
-WHERE event.id = candidates.id
-RETURNING event.id, event.aggregatetype, event.aggregateid, event.type, event.payload::text,
-          event.headers, event.topic, event.key, event.created_at, event.attempts,
-          event.position
-"""
+{_LEASE_AND_RETURN}
+"""  # noqa: S608 (composed of the constants above, no input)
+
+# The second pass, when the first did not fill the batch: the oldest undelivered event of
+# every (topic, key), read in one ordered walk of outbox_event_undelivered_idx (about a
+# microsecond a row), and of those the claimable ones. A key whose oldest undelivered event
+# is FAILED, waiting for its retry or out with a relay is skipped whole.
+CLAIM_HEADS_SQL = f"""
+WITH heads AS (
+    SELECT DISTINCT ON (topic, key) id
+    FROM outbox_event
+    WHERE status <> 'DONE' AND discarded_at IS NULL
+    ORDER BY topic, key, position
+),
+candidates AS (
+    SELECT event.id
+    FROM heads JOIN outbox_event AS event ON event.id = heads.id
+    WHERE {_CLAIMABLE}
+    ORDER BY event.position
+    LIMIT %(batch_size)s
+    FOR UPDATE OF event SKIP LOCKED
+)
+{_LEASE_AND_RETURN}
+"""  # noqa: S608 (composed of the constants above, no input)
+# Rows the first pass examines, per row of the batch.
+CLAIM_WINDOW_FACTOR = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,16 +371,25 @@ class DeliveryFailure:
 
 def outbox_events_claim(*, relay_id: str, batch_size: int) -> list[ClaimedEvent]:
     """Leases up to batch_size due events to relay_id, in a transaction of its own."""
+    parameters = {
+        "batch_size": batch_size,
+        "window": batch_size * CLAIM_WINDOW_FACTOR,
+        "lease_seconds": settings.OUTBOX_LEASE_SECONDS,
+        "relay_id": relay_id,
+    }
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            CLAIM_SQL,
-            {
-                "batch_size": batch_size,
-                "lease_seconds": settings.OUTBOX_LEASE_SECONDS,
-                "relay_id": relay_id,
-            },
-        )
+        # A claim is a short query run many times a second: compiling it (JIT) costs more
+        # than it saves, whatever the planner estimates for a large backlog.
+        cursor.execute("SET LOCAL jit = off")
+        cursor.execute(CLAIM_OLDEST_SQL, parameters)
         rows = cursor.fetchall()
+        if len(rows) < batch_size:
+            # The walk of the index in key order is what makes this pass cheap; a planner
+            # that expects many rows would rather scan the table and sort it.
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            cursor.execute("SET LOCAL enable_bitmapscan = off")
+            cursor.execute(CLAIM_HEADS_SQL, {**parameters, "batch_size": batch_size - len(rows)})
+            rows += cursor.fetchall()
     events = [
         ClaimedEvent(
             id=row[0],

@@ -21,8 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from confluent_kafka import Producer
-from confluent_kafka.admin import NewTopic
+from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, Producer, TopicPartition
+from confluent_kafka.admin import NewTopic, OffsetSpec
 from django.conf import settings
 from django.core.management import call_command
 from django.db import DatabaseError, connection, transaction
@@ -462,6 +462,39 @@ class Run:
             time.sleep(0.5)
         return False
 
+    def stall_snapshot(self) -> list[str]:
+        """What held delivery back, read while every process still runs: the group's committed
+        offset in each partition against the last stable offset (held back by an open Kafka
+        transaction) and the high watermark, the group's members, the processes that were
+        down, and the database sessions that were not idle."""
+        lines = [f"progress at the stall (outbox not DONE, events applied): {self._progress()}"]
+        try:
+            lines += _group_positions(self.topic, self.group)
+        except Exception as error:  # the snapshot explains a failure; it must not add one
+            lines.append(f"Kafka positions unavailable: {error}")
+        down = [name for name, process in self.processes.items() if not process.alive]
+        lines.append(f"processes down: {', '.join(down) or 'none'}")
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    """
+                    SELECT pid, state, coalesce(wait_event_type || ':' || wait_event, '-'),
+                           round(extract(epoch FROM now() - xact_start)), left(query, 100)
+                    FROM pg_stat_activity
+                    WHERE datname = current_database() AND pid <> pg_backend_pid()
+                      AND state <> 'idle'
+                    """
+                )
+                sessions = cursor.fetchall()
+            lines += [
+                f"database session {pid} {state}, waiting {wait}, transaction {age} s: {query}"
+                for pid, state, wait, age, query in sessions
+            ] or ["database: no session busy"]
+        except DatabaseError as error:
+            connection.close()
+            lines.append(f"database sessions unavailable: {error}")
+        return lines
+
     def inbox_not_done(self) -> int:
         return InboxMessage.objects.filter(consumer_group=self.group).exclude(status="DONE").count()
 
@@ -492,6 +525,10 @@ class Run:
                 COMPLETION_TIMEOUT_SECONDS, stall_seconds=scenario.stall_seconds
             )
             completed = _now()
+            if not complete:
+                snapshot = self.stall_snapshot()
+                logger.warning("%s did not complete:\n  %s", scenario.name, "\n  ".join(snapshot))
+                self.extra["stall"] = snapshot
             time.sleep(SETTLE_SECONDS)
         finally:
             stopping = _now()
@@ -545,6 +582,40 @@ def _create_topic(topic: str) -> None:
     futures[topic].result(timeout=60)
     if not faults.wait_in_sync(topic, timeout=60):
         raise RuntimeError(f"topic {topic} did not get {faults.BROKERS} in-sync replicas")
+
+
+def _group_positions(topic: str, group: str) -> list[str]:
+    client = faults.admin()
+    metadata = client.list_topics(topic, timeout=15)
+    partitions = [TopicPartition(topic, p) for p in sorted(metadata.topics[topic].partitions)]
+    request = ConsumerGroupTopicPartitions(group, partitions)
+    committed = {
+        tp.partition: tp.offset
+        for tp in client.list_consumer_group_offsets([request])[group].result(15).topic_partitions
+        or []
+    }
+    ends = {}
+    for isolation in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED):
+        futures = client.list_offsets(
+            {tp: OffsetSpec.latest() for tp in partitions},
+            isolation_level=isolation,
+            request_timeout=15,
+        )
+        ends[isolation] = {tp.partition: f.result(20).offset for tp, f in futures.items()}
+    lines = [
+        f"partition {tp.partition}: committed {committed.get(tp.partition)}, "
+        f"last stable {ends[IsolationLevel.READ_COMMITTED][tp.partition]}, "
+        f"high watermark {ends[IsolationLevel.READ_UNCOMMITTED][tp.partition]}"
+        for tp in partitions
+    ]
+    description = client.describe_consumer_groups([group])[group].result(15)
+    lines.append(f"group state {description.state}")
+    for member in description.members:
+        assigned = sorted(tp.partition for tp in member.assignment.topic_partitions)
+        lines.append(
+            f"member {member.group_instance_id or member.member_id}: partitions {assigned}"
+        )
+    return lines
 
 
 def _poison_producer() -> Producer:

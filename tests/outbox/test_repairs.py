@@ -97,3 +97,31 @@ def test_releasing_a_key_discards_its_failed_event_and_makes_its_backoff_due():
     claimed = {e.id for e in outbox_events_claim(relay_id="r", batch_size=10)}
     assert claimed == {in_backoff.id}
     assert OutboxEvent.objects.get(pk=failed.pk).discarded_at is not None
+
+
+def test_a_claim_finds_the_next_events_of_other_keys_behind_a_deep_quarantined_key():
+    # The oldest 30 due events all wait behind A's FAILED event: more than the first pass of
+    # a claim of 5 examines. The second pass still finds the next event of B and C.
+    blocked = publish("A")
+    OutboxEvent.objects.filter(pk=blocked.pk).update(status="FAILED", attempts=3)
+    for _ in range(30):
+        publish("A")
+    b1, b2, c1 = publish("B"), publish("B"), publish("C")
+
+    claimed = outbox_events_claim(relay_id="r", batch_size=5)
+
+    assert [e.id for e in claimed] == [b1.id, c1.id]
+    assert [e.id for e in outbox_events_claim(relay_id="other", batch_size=5)] == []
+    assert b2.id not in {e.id for e in claimed}  # B's order: b2 waits for b1
+
+
+def test_a_claim_behind_another_relays_batch_takes_only_the_next_event_of_free_keys():
+    # Relay r holds the next event of A and B; twenty more of each queue behind them.
+    for _ in range(21):
+        publish("A")
+        publish("B")
+    held = outbox_events_claim(relay_id="r", batch_size=2)
+    assert {e.aggregate_id for e in held} == {"A", "B"}
+    c1 = publish("C")
+
+    assert [e.id for e in outbox_events_claim(relay_id="other", batch_size=10)] == [c1.id]

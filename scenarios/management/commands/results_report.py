@@ -211,6 +211,10 @@ class Command(BaseCommand):
                     f"- poison: {extra['poison_records']} poison records sent, "
                     f"{extra['poison_failed_rows']} FAILED inbox rows"
                 )
+            if extra.get("stall"):
+                extra_notes.append(
+                    f"- {result['name']}, when it stalled: {'; '.join(extra['stall'])}"
+                )
             if extra.get("kills"):
                 kills = ", ".join(f"{name} x{count}" for name, count in extra["kills"].items())
                 extra_notes.append(f"- {result['name']}: SIGKILLs {kills}")
