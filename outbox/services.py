@@ -263,15 +263,71 @@ def _take_shared_nudge_slot(interval_ms: int) -> bool:
 
 # --- the relay's claim and marks ------------------------------------------------------------
 
-# Which rows a claim may take: due, PENDING, not leased to a live relay. Checked again on the
-# latest version of each row as it is locked (FOR UPDATE under READ COMMITTED).
+# Which rows a claim may take: due, PENDING, not leased to a live relay.
 _CLAIMABLE = """
     event.status = 'PENDING'
     AND event.next_attempt_at <= now()
     AND (event.locked_until IS NULL OR event.locked_until < now())
 """
 
-_LEASE_AND_RETURN = """
+# A claim finds its events first, without locking anything, then leases them by id. The
+# finding queries join and probe; a locking query that did the same would re-run its joins
+# for every row another relay changed meanwhile (PostgreSQL re-checks a changed row against
+# the whole query), and relays claiming side by side then spent minutes per claim. Leasing by
+# id re-checks only the row itself.
+#
+# The first pass: among the oldest claimable events, those that are the next of their key.
+# It looks at no more than %(window)s rows: past them, a backlog queued deep on a few keys
+# whose next events are out with another relay would be probed row by row in vain.
+CLAIM_OLDEST_SQL = f"""
+SELECT event.id, event.position
+FROM (
+    SELECT id FROM outbox_event AS event
+    WHERE {_CLAIMABLE}
+    ORDER BY event.position
+    LIMIT %(window)s
+) AS oldest
+JOIN outbox_event AS event ON event.id = oldest.id
+-- Order per key: only the oldest undelivered event of a (topic, key) may go out.
+WHERE NOT EXISTS (
+    SELECT 1 FROM outbox_event AS earlier
+    WHERE earlier.topic = event.topic
+      AND earlier.key = event.key
+      AND earlier.position < event.position
+      AND earlier.status <> 'DONE'
+      AND earlier.discarded_at IS NULL
+)
+ORDER BY event.position
+LIMIT %(batch_size)s
+"""  # noqa: S608 (composed of the constants above, no input)
+
+# The second pass, when the first did not fill the batch: the oldest undelivered event of
+# every (topic, key), read in one ordered walk of outbox_event_undelivered_idx (about a
+# microsecond a row), and of those the claimable ones. A key whose oldest undelivered event
+# is FAILED, waiting for its retry or out with a relay is skipped whole.
+CLAIM_HEADS_SQL = f"""
+SELECT event.id, event.position
+FROM (
+    SELECT DISTINCT ON (topic, key) id
+    FROM outbox_event
+    WHERE status <> 'DONE' AND discarded_at IS NULL
+    ORDER BY topic, key, position
+) AS heads
+JOIN outbox_event AS event ON event.id = heads.id
+WHERE {_CLAIMABLE}
+ORDER BY event.position
+LIMIT %(batch_size)s
+"""  # noqa: S608 (composed of the constants above, no input)
+
+# The lease: the found events that are still claimable once locked (another relay may have
+# taken or published one since), skipping those another claim holds.
+CLAIM_LEASE_SQL = f"""
+WITH candidates AS (
+    SELECT event.id
+    FROM outbox_event AS event
+    WHERE event.id = ANY(%(ids)s::uuid[]) AND {_CLAIMABLE}
+    FOR UPDATE SKIP LOCKED
+)
 UPDATE outbox_event AS event
 SET locked_until = now() + make_interval(secs => %(lease_seconds)s),
     locked_by = %(relay_id)s
@@ -280,60 +336,6 @@ WHERE event.id = candidates.id
 RETURNING event.id, event.aggregatetype, event.aggregateid, event.type, event.payload::text,
           event.headers, event.topic, event.key, event.created_at, event.attempts,
           event.position
-"""
-
-# The first pass: among the oldest claimable events, those that are the next of their key.
-# It looks at no more than %(window)s rows. Without that bound, a backlog queued deep on a
-# few keys whose next events are out with another relay made every claim probe the whole
-# backlog for an earlier event of the key (minutes per claim at 100,000 events on 1,000 keys
-# with three relays).
-CLAIM_OLDEST_SQL = f"""
-WITH candidates AS (
-    SELECT event.id
-    FROM (
-        SELECT id FROM outbox_event AS event
-        WHERE {_CLAIMABLE}
-        ORDER BY event.position
-        LIMIT %(window)s
-    ) AS oldest
-    JOIN outbox_event AS event ON event.id = oldest.id
-    WHERE {_CLAIMABLE}
-      -- Order per key: only the oldest undelivered event of a (topic, key) may go out.
-      AND NOT EXISTS (
-          SELECT 1 FROM outbox_event AS earlier
-          WHERE earlier.topic = event.topic
-            AND earlier.key = event.key
-            AND earlier.position < event.position
-            AND earlier.status <> 'DONE'
-            AND earlier.discarded_at IS NULL
-      )
-    ORDER BY event.position
-    LIMIT %(batch_size)s
-    FOR UPDATE OF event SKIP LOCKED
-)
-{_LEASE_AND_RETURN}
-"""  # noqa: S608 (composed of the constants above, no input)
-
-# The second pass, when the first did not fill the batch: the oldest undelivered event of
-# every (topic, key), read in one ordered walk of outbox_event_undelivered_idx (about a
-# microsecond a row), and of those the claimable ones. A key whose oldest undelivered event
-# is FAILED, waiting for its retry or out with a relay is skipped whole.
-CLAIM_HEADS_SQL = f"""
-WITH heads AS (
-    SELECT DISTINCT ON (topic, key) id
-    FROM outbox_event
-    WHERE status <> 'DONE' AND discarded_at IS NULL
-    ORDER BY topic, key, position
-),
-candidates AS (
-    SELECT event.id
-    FROM heads JOIN outbox_event AS event ON event.id = heads.id
-    WHERE {_CLAIMABLE}
-    ORDER BY event.position
-    LIMIT %(batch_size)s
-    FOR UPDATE OF event SKIP LOCKED
-)
-{_LEASE_AND_RETURN}
 """  # noqa: S608 (composed of the constants above, no input)
 # Rows the first pass examines, per row of the batch.
 CLAIM_WINDOW_FACTOR = 2
@@ -371,25 +373,32 @@ class DeliveryFailure:
 
 def outbox_events_claim(*, relay_id: str, batch_size: int) -> list[ClaimedEvent]:
     """Leases up to batch_size due events to relay_id, in a transaction of its own."""
-    parameters = {
-        "batch_size": batch_size,
-        "window": batch_size * CLAIM_WINDOW_FACTOR,
-        "lease_seconds": settings.OUTBOX_LEASE_SECONDS,
-        "relay_id": relay_id,
-    }
+    parameters = {"batch_size": batch_size, "window": batch_size * CLAIM_WINDOW_FACTOR}
     with transaction.atomic(), connection.cursor() as cursor:
         # A claim is a short query run many times a second: compiling it (JIT) costs more
         # than it saves, whatever the planner estimates for a large backlog.
         cursor.execute("SET LOCAL jit = off")
         cursor.execute(CLAIM_OLDEST_SQL, parameters)
-        rows = cursor.fetchall()
-        if len(rows) < batch_size:
+        found = dict(cursor.fetchall())
+        if len(found) < batch_size:
             # The walk of the index in key order is what makes this pass cheap; a planner
             # that expects many rows would rather scan the table and sort it.
             cursor.execute("SET LOCAL enable_seqscan = off")
             cursor.execute("SET LOCAL enable_bitmapscan = off")
-            cursor.execute(CLAIM_HEADS_SQL, {**parameters, "batch_size": batch_size - len(rows)})
-            rows += cursor.fetchall()
+            cursor.execute(CLAIM_HEADS_SQL, parameters)
+            found.update(cursor.fetchall())
+        if not found:
+            return []
+        oldest_first = sorted(found, key=found.__getitem__)[:batch_size]
+        cursor.execute(
+            CLAIM_LEASE_SQL,
+            {
+                "ids": oldest_first,
+                "lease_seconds": settings.OUTBOX_LEASE_SECONDS,
+                "relay_id": relay_id,
+            },
+        )
+        rows = cursor.fetchall()
     events = [
         ClaimedEvent(
             id=row[0],
