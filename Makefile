@@ -2,8 +2,6 @@
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-KAFKA_BROKERS ?= 1
-export KAFKA_BROKERS
 
 .PHONY: scenarios results browser-deps bench-console venv services-up services-down services-status run test lint format requirements spark-jars bench-analytics
 

@@ -20,6 +20,7 @@ from project.console_admin import (
     ExactTextFilter,
     ReadOnlyModelAdmin,
     bulk_matching_view,
+    detail_action_confirmation,
     preformatted,
     pretty_json,
     run_selected_action,
@@ -184,10 +185,15 @@ class InboxMessageAdmin(ReadOnlyModelAdmin):
         run_selected_action(self, request, queryset, Action.INBOX_DISCARD, "Discard")
 
     def _detail(self, request: HttpRequest, object_id: str, name: str, verb: str) -> HttpResponse:
-        url = reverse("admin:inbox_inboxmessage_change", args=[object_id])
-        message = InboxMessage.objects.filter(pk=object_id).first()
+        # get_object answers None for a malformed id as for a missing one.
+        message = self.get_object(request, object_id)
         if message is None:
+            self.message_user(request, f"No message with the id {object_id!r}.", messages.ERROR)
             return HttpResponseRedirect(reverse("admin:inbox_inboxmessage_changelist"))
+        confirmation = detail_action_confirmation(self, request, message, verb=verb)
+        if confirmation is not None:
+            return confirmation
+        url = reverse("admin:inbox_inboxmessage_change", args=[message.pk])
         try:
             message = inbox_message_action(
                 user=request.user, message=message, action=name, source="admin"
@@ -202,15 +208,15 @@ class InboxMessageAdmin(ReadOnlyModelAdmin):
 
     @action(description="Retry now", url_path="retry", permissions=["retry"])
     def retry_detail(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        return self._detail(request, object_id, Action.INBOX_RETRY, "Retried")
+        return self._detail(request, object_id, Action.INBOX_RETRY, "Retry now")
 
     @action(description="Replay", url_path="replay", permissions=["replay"])
     def replay_detail(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        return self._detail(request, object_id, Action.INBOX_REPLAY, "Replayed")
+        return self._detail(request, object_id, Action.INBOX_REPLAY, "Replay")
 
     @action(description="Discard", url_path="discard", permissions=["discard"])
     def discard_detail(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        return self._detail(request, object_id, Action.INBOX_DISCARD, "Discarded")
+        return self._detail(request, object_id, Action.INBOX_DISCARD, "Discard")
 
     def retry_matching_view(self, request: HttpRequest) -> HttpResponse:
         return bulk_matching_view(

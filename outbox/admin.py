@@ -4,6 +4,7 @@ operators' audit log. Every action calls a service, has its own permission, and 
 import contextlib
 import uuid
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -24,6 +25,7 @@ from project.console_admin import (
     ExactTextFilter,
     ReadOnlyModelAdmin,
     bulk_matching_view,
+    detail_action_confirmation,
     preformatted,
     pretty_json,
     run_selected_action,
@@ -267,11 +269,15 @@ class OutboxEventAdmin(ReadOnlyModelAdmin):
     # --- detail actions ------------------------------------------------------------------------
 
     def _detail(self, request: HttpRequest, object_id: str, name: str, verb: str) -> HttpResponse:
-        url = reverse("admin:outbox_outboxevent_change", args=[object_id])
-        event = OutboxEvent.objects.filter(pk=object_id).first()
+        # get_object answers None for a malformed id as for a missing one.
+        event = self.get_object(request, object_id)
         if event is None:
-            self.message_user(request, "No such event.", messages.ERROR)
+            self.message_user(request, f"No event with the id {object_id!r}.", messages.ERROR)
             return HttpResponseRedirect(reverse("admin:outbox_outboxevent_changelist"))
+        confirmation = detail_action_confirmation(self, request, event, verb=verb)
+        if confirmation is not None:
+            return confirmation
+        url = reverse("admin:outbox_outboxevent_change", args=[event.pk])
         try:
             result = outbox_event_action(
                 user=request.user, event=event, action=name, source="admin"
@@ -286,27 +292,31 @@ class OutboxEventAdmin(ReadOnlyModelAdmin):
 
     @action(description="Retry", url_path="retry", permissions=["retry"])
     def retry_detail(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        return self._detail(request, object_id, Action.OUTBOX_RETRY, "Retried")
+        return self._detail(request, object_id, Action.OUTBOX_RETRY, "Retry")
 
     @action(description="Discard", url_path="discard", permissions=["discard"])
     def discard_detail(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        return self._detail(request, object_id, Action.OUTBOX_DISCARD, "Discarded")
+        return self._detail(request, object_id, Action.OUTBOX_DISCARD, "Discard")
 
     @action(description="Replay (same event id)", url_path="replay-same-id", permissions=["replay"])
     def replay_same_id_detail(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        return self._detail(request, object_id, Action.OUTBOX_REPLAY, "Replayed")
+        return self._detail(
+            request, object_id, Action.OUTBOX_REPLAY, "Replay with the same event id"
+        )
 
     @action(description="Replay (new event id)", url_path="replay-new-id", permissions=["replay"])
     def replay_new_id_detail(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        return self._detail(request, object_id, Action.OUTBOX_REPLAY_NEW_ID, "Replayed as")
+        return self._detail(
+            request, object_id, Action.OUTBOX_REPLAY_NEW_ID, "Replay with a new event id"
+        )
 
     @action(description="Release this event's key", url_path="release-key", permissions=["release"])
     def release_key_detail(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        event = OutboxEvent.objects.filter(pk=object_id).only("topic", "key").first()
+        event = self.get_object(request, object_id)
         if event is None:
             return HttpResponseRedirect(reverse("admin:outbox_outboxevent_changelist"))
         url = reverse("admin:outbox_outboxevent_release_key")
-        return HttpResponseRedirect(f"{url}?topic={event.topic}&key={event.key}")
+        return HttpResponseRedirect(f"{url}?{urlencode({'topic': event.topic, 'key': event.key})}")
 
     # --- views ---------------------------------------------------------------------------------
 

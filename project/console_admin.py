@@ -1,6 +1,7 @@
 """Admin pieces the outbox and inbox consoles share: a paginator that never counts millions of
-rows, exact-match text filters (served by indexes, unlike icontains), JSON display, and the
-"retry everything matching the filter" confirmation view."""
+rows, exact-match text filters (served by indexes, unlike icontains), JSON display, the
+confirmation of a detail-page action, and the "retry everything matching the filter"
+confirmation view."""
 
 import json
 from collections.abc import Sequence
@@ -137,6 +138,28 @@ def run_selected_action(
         + f" (audit #{record.pk}).",
         messages.SUCCESS if record.changed else messages.WARNING,
     )
+
+
+def detail_action_confirmation(
+    model_admin: admin.ModelAdmin, request: HttpRequest, obj: Any, *, verb: str
+) -> HttpResponse | None:
+    """None when the request is a POST, which may go on and change the row; otherwise the
+    page that asks for that POST. Unfold renders detail actions as links, and a GET (a
+    prefetching browser, a link from another site) must never retry, replay or discard."""
+    if request.method == "POST":
+        return None
+    opts = model_admin.model._meta
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": f"{verb}: {opts.verbose_name} {obj.pk}",
+        "opts": opts,
+        "object_pk": obj.pk,
+        "object_label": str(opts.verbose_name).capitalize(),
+        "status": obj.status,
+        "verb": verb,
+        "cancel_url": reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[obj.pk]),
+    }
+    return TemplateResponse(request, "admin/console/detail_confirm.html", context)
 
 
 def bulk_matching_view(

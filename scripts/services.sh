@@ -15,7 +15,9 @@
 #   DATABASE_URL             postgres://outbox:outbox@127.0.0.1:5432/outbox
 #   CELERY_BROKER_URL        redis://127.0.0.1:6379/0
 #   KAFKA_BROKERS            1 (one node) or 3 (three nodes, replication factor 3,
-#                            min.insync.replicas=2, unclean leader election off)
+#                            min.insync.replicas=2, unclean leader election off); when
+#                            unset, the size this project's cluster was last started with
+#                            (1 on a new machine), so a running 3-node cluster is used
 #   KAFKA_BOOTSTRAP_SERVERS  derived from KAFKA_BROKERS when unset
 #   KAFKA_PORT_BASE          9091: broker N listens on KAFKA_PORT_BASE+N
 #   KAFKA_CONTROLLER_PORT_BASE 29091: its controller on KAFKA_CONTROLLER_PORT_BASE+N
@@ -28,7 +30,9 @@ LOCAL_DIR="${LOCAL_DIR:-$PROJECT_DIR/.local}"
 PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
 KAFKA_DIR="$LOCAL_DIR/kafka"
 KAFKA_LIBS="$KAFKA_DIR/libs"
-KAFKA_BROKERS="${KAFKA_BROKERS:-1}"
+# Unset: keep the size of the cluster this project last formatted, so that `up`, `status`
+# and the default bootstrap address follow a running 3-node cluster.
+KAFKA_BROKERS="${KAFKA_BROKERS:-$(cat "$KAFKA_DIR/brokers" 2>/dev/null || echo 1)}"
 # Broker N (1-based) listens on 9091+N for clients and 29091+N for the controller quorum.
 KAFKA_CLIENT_PORT_BASE="${KAFKA_PORT_BASE:-9091}"
 KAFKA_CONTROLLER_PORT_BASE="${KAFKA_CONTROLLER_PORT_BASE:-29091}"

@@ -163,7 +163,13 @@ def test_outbox_actions_need_their_permission_and_are_audited(
 
 def test_replay_with_a_new_event_id_from_the_detail_page(operator, make_event):
     event = make_event(OutboxEvent.Status.DONE)
-    response = logged_in(operator).get(f"{EVENTS}{event.pk}/replay-new-id/")
+    client = logged_in(operator)
+    confirm = client.get(f"{EVENTS}{event.pk}/replay-new-id/")
+    assert confirm.status_code == 200
+    assert 'method="post"' in confirm.content.decode()
+    assert OutboxEvent.objects.count() == 1, "a GET must not replay"
+    assert not OperatorAction.objects.exists()
+    response = client.post(f"{EVENTS}{event.pk}/replay-new-id/")
     assert response.status_code == 302
     copy = OutboxEvent.objects.exclude(pk=event.pk).get()
     assert copy.headers["replay_of"] == str(event.pk)
@@ -174,11 +180,30 @@ def test_replay_with_a_new_event_id_from_the_detail_page(operator, make_event):
 def test_detail_actions_need_their_permission(viewer, make_event):
     event = make_event(OutboxEvent.Status.FAILED)
     assert logged_in(viewer).get(f"{EVENTS}{event.pk}/retry/").status_code == 403
+    assert logged_in(viewer).post(f"{EVENTS}{event.pk}/retry/").status_code == 403
+
+
+def test_a_detail_action_on_a_malformed_or_unknown_id_is_a_message(operator):
+    client = logged_in(operator)
+    for object_id in ("not-a-uuid", "7c9e6679-7425-40de-944b-e07fc1f90ae7"):
+        response = client.post(f"{EVENTS}{object_id}/retry/", follow=True)
+        assert response.status_code == 200
+        assert f"No event with the id &#x27;{object_id}&#x27;" in response.content.decode()
+    response = client.post(f"{MESSAGES}12x/discard/", follow=True)
+    assert "No message with the id &#x27;12x&#x27;" in response.content.decode()
+
+
+def test_release_key_from_the_detail_page_keeps_the_key_whole(operator, make_event):
+    event = make_event(OutboxEvent.Status.FAILED, key="a&b #1+2")
+    response = logged_in(operator).get(f"{EVENTS}{event.pk}/release-key/")
+    assert response.status_code == 302
+    confirm = logged_in(operator).get(response.url)
+    assert "a&amp;b #1+2" in confirm.content.decode()
 
 
 def test_a_refused_transition_is_a_message_not_an_error_page(operator, make_event):
     event = make_event(OutboxEvent.Status.DONE)
-    response = logged_in(operator).get(f"{EVENTS}{event.pk}/retry/", follow=True)
+    response = logged_in(operator).post(f"{EVENTS}{event.pk}/retry/", follow=True)
     assert response.status_code == 200
     assert "replay it instead" in response.content.decode()
 
@@ -285,10 +310,13 @@ def test_inbox_actions_need_their_permission(make_user, make_message, action, pe
 def test_a_discarded_inbox_message_says_so_on_its_page(operator, make_message):
     message = make_message(InboxMessage.Status.FAILED)
     client = logged_in(operator)
-    response = client.get(f"{MESSAGES}{message.pk}/discard/")
+    assert client.get(f"{MESSAGES}{message.pk}/discard/").status_code == 200
+    message.refresh_from_db()
+    assert message.discarded_at is None, "a GET must not discard"
+    response = client.post(f"{MESSAGES}{message.pk}/discard/")
     assert response.status_code == 302
     assert "FAILED (discarded)" in client.get(f"{MESSAGES}{message.pk}/change/").content.decode()
-    again = client.get(f"{MESSAGES}{message.pk}/discard/", follow=True)
+    again = client.post(f"{MESSAGES}{message.pk}/discard/", follow=True)
     assert "is already discarded" in again.content.decode()
 
 
