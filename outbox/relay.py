@@ -75,6 +75,8 @@ class BatchResult:
     released: int = 0
     # Produced but not reported within the delivery timeout: left leased, never re-sent early.
     unreported: int = 0
+    # run() ended on an empty claim, not at its deadline: nothing was due when it stopped.
+    drained: bool = False
 
 
 @dataclass
@@ -120,7 +122,10 @@ class Relay:
             result = self.run_once()
             for name in ("claimed", "published", "failed", "released", "unreported"):
                 setattr(total, name, getattr(total, name) + getattr(result, name))
-            if not result.claimed or time.monotonic() >= deadline:
+            if not result.claimed:
+                total.drained = True
+                return total
+            if time.monotonic() >= deadline:
                 return total
 
     def run_once(self) -> BatchResult:

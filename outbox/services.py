@@ -38,6 +38,21 @@ STANDARD_HEADERS = frozenset(
 )
 
 
+# An escaped NUL in JSON text (an odd run of backslashes before u0000): jsonb refuses it.
+JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _storable_text_problem(text: str) -> str | None:
+    """Why PostgreSQL or Kafka could not take `text` as it is, or None."""
+    if "\x00" in text:
+        return "contains a NUL character, which PostgreSQL text cannot store"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains a lone surrogate, which is not valid UTF-8"
+    return None
+
+
 def encode_payload(payload: Any) -> bytes:
     """The payload as UTF-8 JSON, spaced as PostgreSQL prints jsonb (the relay sends that
     text), so that the size limit counts what goes to Kafka."""
@@ -55,7 +70,18 @@ def encode_payload(payload: Any) -> bytes:
             "numbers, booleans, None, or values Django's JSON encoder knows (dates, "
             "decimals, UUIDs)."
         ) from error
-    return text.encode("utf-8")
+    # json.dumps escapes control characters, so a NUL can only appear escaped.
+    if "\\u0000" in text and JSON_NUL.search(text):
+        raise InvalidPayload(
+            "The payload contains a NUL character (\\u0000), which PostgreSQL's jsonb cannot "
+            "store; remove it, or encode binary data (base64)."
+        )
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidPayload(
+            f"The payload contains a lone surrogate, which is not valid UTF-8 ({error})."
+        ) from error
 
 
 def _require_identifier(name: str, value: Any) -> str:
@@ -66,6 +92,9 @@ def _require_identifier(name: str, value: Any) -> str:
         raise InvalidEvent(
             f"{name} is {len(text)} characters long; the limit is {IDENTIFIER_MAX_LENGTH}."
         )
+    problem = _storable_text_problem(text)
+    if problem is not None:
+        raise InvalidEvent(f"{name} {problem}.")
     return text
 
 
@@ -101,6 +130,9 @@ def _resolve_headers(headers: Mapping[str, Any] | None) -> dict[str, str]:
             raise InvalidEvent(
                 f"The value of header {name!r} must be a string, got {type(value).__name__}."
             )
+        problem = _storable_text_problem(name) or _storable_text_problem(value)
+        if problem is not None:
+            raise InvalidEvent(f"The header {name!r} {problem}.")
         resolved[name] = value
     if TRACEPARENT_HEADER not in resolved:
         traceparent = caller_traceparent()
@@ -522,9 +554,15 @@ def outbox_events_purge_published(*, older_than: datetime, batch_size: int) -> i
 REPLAY_OF_HEADER = "replay_of"
 
 
+def _not_leased() -> Q:
+    # A row a relay holds may be on its way to Kafka right now: clearing its lease would let
+    # another relay send it a second time. Its outcome (DONE, or a retry) comes soon enough.
+    return Q(locked_until__isnull=True) | Q(locked_until__lt=timezone.now())
+
+
 def outbox_event_retry(*, event: OutboxEvent) -> OutboxEvent:
     """Sends a FAILED event (or a PENDING one waiting for its backoff) again, now, with a
-    fresh set of attempts."""
+    fresh set of attempts. An event a relay is sending at this moment is left to it."""
     if event.status == OutboxEvent.Status.DONE:
         raise IllegalTransition(
             f"Event {event.id} is already published; replay it instead of retrying it."
@@ -532,7 +570,7 @@ def outbox_event_retry(*, event: OutboxEvent) -> OutboxEvent:
     if event.discarded_at is not None:
         raise IllegalTransition(f"Event {event.id} was discarded; replay it to send it again.")
     updated = (
-        OutboxEvent.objects.filter(pk=event.pk, discarded_at__isnull=True)
+        OutboxEvent.objects.filter(_not_leased(), pk=event.pk, discarded_at__isnull=True)
         .exclude(status=OutboxEvent.Status.DONE)
         .update(
             status=OutboxEvent.Status.PENDING,
@@ -543,6 +581,11 @@ def outbox_event_retry(*, event: OutboxEvent) -> OutboxEvent:
         )
     )
     if not updated:
+        if OutboxEvent.objects.filter(pk=event.pk).exclude(_not_leased()).exists():
+            raise IllegalTransition(
+                f"Event {event.id} is being sent by a relay right now; its outcome is recorded "
+                "within the lease, retry it after that if it is not DONE."
+            )
         raise IllegalTransition(f"Event {event.id} changed meanwhile; nothing to retry.")
     event.refresh_from_db()
     return event
@@ -638,12 +681,13 @@ from outbox.models import OperatorAction  # noqa: E402
 
 
 def outbox_events_retry(*, event_ids: Sequence[uuid.UUID | str]) -> int:
-    """outbox_event_retry() for many events: the ones not DONE and not discarded are sent
-    again now, with a fresh set of attempts. Returns how many changed."""
+    """outbox_event_retry() for many events: the ones not DONE, not discarded and not being
+    sent by a relay are sent again now, with a fresh set of attempts. Returns how many
+    changed."""
     if not event_ids:
         return 0
     return (
-        OutboxEvent.objects.filter(pk__in=list(event_ids), discarded_at__isnull=True)
+        OutboxEvent.objects.filter(_not_leased(), pk__in=list(event_ids), discarded_at__isnull=True)
         .exclude(status=OutboxEvent.Status.DONE)
         .update(
             status=OutboxEvent.Status.PENDING,

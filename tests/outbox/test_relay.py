@@ -280,6 +280,17 @@ def test_the_long_running_relay_wakes_on_commit_and_stops_cleanly(kafka_topic, s
     assert relay.wait(40) == 0
 
 
+def test_a_run_says_whether_it_drained_or_stopped_at_its_deadline(kafka_topic):
+    # outbox_relay waits for a notification only after a drained run; after a run stopped at
+    # its deadline it goes on at once, or a backlog would drain at half speed.
+    publish_events(kafka_topic(), 3, keys=3)
+    relay = Relay(batch_size=1)
+    stopped = relay.run(max_seconds=1e-6)
+    assert (stopped.published, stopped.drained) == (1, False)
+    rest = relay.run()
+    assert (rest.published, rest.drained) == (2, True)
+
+
 def test_retention_deletes_only_old_published_events_in_batches():
     publish_events("retention.topic", 7, keys=7)
     old = timezone.now() - timedelta(days=8)

@@ -14,6 +14,7 @@ from outbox.services import (
     outbox_event_replay,
     outbox_event_retry,
     outbox_events_claim,
+    outbox_events_retry,
     outbox_key_release,
 )
 
@@ -58,6 +59,25 @@ def test_retry_refuses_a_published_event():
     OutboxEvent.objects.filter(pk=event.pk).update(status="DONE")
     with pytest.raises(IllegalTransition, match="replay it instead"):
         outbox_event_retry(event=OutboxEvent.objects.get(pk=event.pk))
+
+
+def test_retry_leaves_an_event_a_relay_is_sending_to_that_relay():
+    in_flight, waiting = publish("A"), publish("B")
+    OutboxEvent.objects.filter(pk=waiting.pk).update(next_attempt_at=timezone.now() + timedelta(1))
+    [claimed] = outbox_events_claim(relay_id="relay-1", batch_size=10)
+    assert claimed.id == in_flight.id
+
+    with pytest.raises(IllegalTransition, match="being sent by a relay right now"):
+        outbox_event_retry(event=OutboxEvent.objects.get(pk=in_flight.pk))
+    assert outbox_events_retry(event_ids=[in_flight.pk, waiting.pk]) == 1
+    # The lease holds: no second relay can claim the row while the first may be sending it.
+    assert outbox_events_claim(relay_id="relay-2", batch_size=10)[0].id == waiting.id
+    assert OutboxEvent.objects.get(pk=in_flight.pk).locked_by == "relay-1"
+
+    OutboxEvent.objects.filter(pk=in_flight.pk).update(
+        locked_until=timezone.now() - timedelta(seconds=1)
+    )
+    assert outbox_event_retry(event=OutboxEvent.objects.get(pk=in_flight.pk)).locked_by == ""
 
 
 def test_replay_with_the_same_id_queues_the_event_again_behind_its_key():

@@ -98,6 +98,13 @@ class Unserialisable:
         ({"headers": {"event_id": "x"}}, InvalidEvent, "set by the outbox itself"),
         ({"headers": {"n": 1}}, InvalidEvent, "must be a string"),
         ({"event_id": "not-a-uuid"}, InvalidEvent, "is not a UUID"),
+        ({"payload": {"note": "a\x00b"}}, InvalidPayload, "NUL character"),
+        ({"payload": {"a\x00": 1}}, InvalidPayload, "NUL character"),
+        ({"payload": {"note": "\ud800"}}, InvalidPayload, "lone surrogate"),
+        ({"aggregate_id": "p\x001"}, InvalidEvent, "aggregate_id contains a NUL"),
+        ({"key": "k\x00"}, InvalidEvent, "key contains a NUL"),
+        ({"event_type": "Paid\ud800"}, InvalidEvent, "event_type contains a lone surrogate"),
+        ({"headers": {"tenant": "eu\x00"}}, InvalidEvent, "header 'tenant' contains a NUL"),
     ],
 )
 def test_bad_input_raises_its_error_and_writes_nothing(changes, error, message):
@@ -109,6 +116,13 @@ def test_bad_input_raises_its_error_and_writes_nothing(changes, error, message):
         # The caller's transaction stays usable after the error.
         outbox.publish(**EVENT)
     assert OutboxEvent.objects.count() == 1
+
+
+def test_text_that_only_looks_like_an_escaped_nul_is_stored():
+    with transaction.atomic():
+        event = outbox.publish(**{**EVENT, "payload": {"path": "C:\\u0000"}})
+    event.refresh_from_db()
+    assert event.payload == {"path": "C:\\u0000"}
 
 
 def test_a_reused_event_id_raises_duplicate_event_and_keeps_the_transaction_usable():

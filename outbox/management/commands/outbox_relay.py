@@ -1,8 +1,9 @@
 """A long-running relay woken by PostgreSQL LISTEN/NOTIFY: the lowest publish latency.
 
 Each insert into the outbox notifies the `outbox_event` channel when its transaction
-commits; the relay then drains due events until a batch comes back short, and otherwise
-wakes at least every --poll-seconds for events whose retry has come due."""
+commits; the relay then drains due events until a claim comes back empty (checking for a
+stop signal every --poll-seconds while a backlog drains), and otherwise wakes at least every
+--poll-seconds for events whose retry has come due."""
 
 import logging
 import signal
@@ -64,8 +65,12 @@ class Command(BaseCommand):
                             f"outbox relay {relay.relay_id} listening on '{NOTIFY_CHANNEL}'"
                         )
                         self.stdout.flush()
-                    published += relay.run(max_seconds=options["poll_seconds"]).published
-                    self._wait_for_notification(listener, options["poll_seconds"])
+                    result = relay.run(max_seconds=options["poll_seconds"])
+                    published += result.published
+                    if result.drained:
+                        # Otherwise the run stopped at its deadline with events still due
+                        # (a backlog): go on at once rather than wait for a notification.
+                        self._wait_for_notification(listener, options["poll_seconds"])
                     backoff = DATABASE_RETRY_SECONDS
                 except (DatabaseError, psycopg.Error) as error:
                     # PostgreSQL restarting or unreachable: rows stay PENDING (or leased until
