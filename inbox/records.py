@@ -59,15 +59,35 @@ def synthetic_event_id(*, topic: str, partition: int, offset: int) -> str:
     return str(uuid.uuid5(SYNTHETIC_EVENT_ID_NAMESPACE, f"{topic}/{partition}/{offset}"))
 
 
-def _decode_header(value: str | bytes | None) -> str:
+# PostgreSQL's text and jsonb cannot hold NUL, though UTF-8 can: text with one is not
+# stored as it is, or the batch's INSERT fails on every redelivery.
+_NUL = "\x00"
+# A header value that is not storable text is kept as this prefix and its bytes in base64.
+BASE64_PREFIX = "base64:"
+
+
+def _decode_header(value: str | bytes | None) -> tuple[str, bool]:
+    """The header's value as stored, and whether that is the value itself."""
     if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
+        return "", True
+    raw = value.encode("utf-8", errors="surrogatepass") if isinstance(value, str) else value
     try:
-        return value.decode("utf-8")
+        text: str | None = raw.decode("utf-8")
     except UnicodeDecodeError:
-        return "base64:" + base64.b64encode(value).decode("ascii")
+        text = None
+    if text is None or _NUL in text:
+        return BASE64_PREFIX + base64.b64encode(raw).decode("ascii"), False
+    return text, True
+
+
+def _decode_key(raw_key: bytes | str | None) -> str | None:
+    if raw_key is None:
+        return None
+    if isinstance(raw_key, str):
+        raw_key = raw_key.encode("utf-8", errors="surrogatepass")
+    # Bytes that are not UTF-8, and NUL, are written \xNN: the record still reaches its
+    # handler, whose key is then not the producer's bytes exactly.
+    return raw_key.decode("utf-8", errors="backslashreplace").replace(_NUL, "\\x00")
 
 
 def _reject_constant(name: str) -> Any:
@@ -80,7 +100,7 @@ def _raw(value: bytes) -> tuple[str, str]:
         text = value.decode("utf-8")
     except UnicodeDecodeError:
         return base64.b64encode(value).decode("ascii"), "base64"
-    if "\x00" in text:  # PostgreSQL text cannot hold NUL
+    if _NUL in text:
         return base64.b64encode(value).decode("ascii"), "base64"
     return text, "utf-8"
 
@@ -93,9 +113,16 @@ def parse_record(message: Message) -> InboxRecord:
     if isinstance(raw_headers, dict):
         raw_headers = list(raw_headers.items())
     # A repeated header name keeps its last value.
-    headers = {name: _decode_header(value) for name, value in raw_headers}
-    raw_key = message.key()
-    key = None if raw_key is None else raw_key.decode("utf-8", errors="backslashreplace")
+    headers: dict[str, str] = {}
+    unreadable: set[str] = set()
+    for name, value in raw_headers:
+        name = name.replace(_NUL, "\\x00")
+        headers[name], readable = _decode_header(value)
+        if readable:
+            unreadable.discard(name)
+        else:
+            unreadable.add(name)
+    key = _decode_key(message.key())
     timestamp_type, timestamp_ms = message.timestamp()
     published_at = (
         None
@@ -122,13 +149,20 @@ def parse_record(message: Message) -> InboxRecord:
             "its topic, partition and offset. Check the producer: the outbox relay always "
             "sets event_id."
         )
-    elif record.event_id.startswith("base64:") or len(record.event_id) > EVENT_ID_MAX_LENGTH:
+    elif EVENT_ID_HEADER in unreadable or len(record.event_id) > EVENT_ID_MAX_LENGTH:
         record.poison = InvalidHeaders(
-            f"The event_id header is not UTF-8 or longer than {EVENT_ID_MAX_LENGTH} "
-            "characters; the record is kept under a synthetic id."
+            "The event_id header is not UTF-8, holds a NUL byte, or is longer than "
+            f"{EVENT_ID_MAX_LENGTH} characters; the record is kept under a synthetic id, and "
+            "the header's bytes in base64 under headers."
         )
     if record.poison is not None:
         record.event_id = synthetic_event_id(topic=topic, partition=partition, offset=offset)
+    elif EVENT_TYPE_HEADER in unreadable:
+        # Which handler it was meant for cannot be told: failed, never ignored as unknown.
+        record.poison = InvalidHeaders(
+            "The event_type header is not UTF-8 or holds a NUL byte; its bytes are kept in "
+            "base64 under headers. Fix the producer and publish the event again."
+        )
 
     value = message.value()
     if value is None:

@@ -8,6 +8,7 @@ from django.test import override_settings
 
 from inbox import handler
 from inbox.models import ConsumerOffset, InboxMessage
+from inbox.records import synthetic_event_id
 from inbox.registry import HandlerRegistry
 from project.kafka import kafka_connection_config
 from tests.inbox.conftest import consume_for, consume_until, effect_counts, record_effect
@@ -311,3 +312,53 @@ def test_a_batch_that_cannot_be_recorded_is_rewound_and_retried(
     assert calls["n"] >= 2
     assert seen == [e.event_id for e in events]
     assert committed_offsets(group, topic) == [3]
+
+
+@override_settings(INBOX_UNKNOWN_EVENT_TYPE="fail")
+def test_nul_bytes_in_keys_and_headers_do_not_stall_the_partition(
+    kafka_topic, inbox_registry, effects, run_consumer
+):
+    # UTF-8 allows NUL; PostgreSQL's text and jsonb do not: a batch carrying one must still
+    # be recorded, or the consumer would rewind and retry it forever.
+    topic, group = kafka_topic(), unique_group()
+    seen = effect_handler(inbox_registry, group=group, topic=topic)
+    first, nul_key, nul_header, nul_event_id, nul_event_type, last = make_events(6)
+    produce(topic, [first])
+    produce_raw(topic, key=b"order\x0042", value=nul_key.value, headers=nul_key.headers())
+    produce_raw(
+        topic,
+        value=nul_header.value,
+        headers=[*nul_header.headers(), ("traceparent", b"00-\x00-01")],
+    )
+    produce_raw(
+        topic,
+        value=nul_event_id.value,
+        headers=[
+            ("event_id", nul_event_id.event_id.encode() + b"\x00"),
+            *nul_event_id.headers()[1:],
+        ],
+    )
+    produce_raw(
+        topic,
+        value=nul_event_type.value,
+        headers=[*nul_event_type.headers(), ("event_type", b"Order\x00Placed")],
+    )
+    produce(topic, [last], partition=0)
+
+    consumer = run_consumer(group=group)
+    consume_until(consumer, lambda: last.event_id in seen, timeout=20)
+
+    # The key and the other header are stored with the NUL escaped; those records run.
+    assert seen == [first.event_id, nul_key.event_id, nul_header.event_id, last.event_id]
+    rows = {m.offset: m for m in InboxMessage.objects.filter(consumer_group=group)}
+    assert [rows[o].status for o in range(6)] == ["DONE"] * 3 + ["FAILED"] * 2 + ["DONE"]
+    assert rows[1].key == "order\\x0042"
+    assert rows[2].headers["traceparent"] == "base64:MDAtAC0wMQ=="
+    # An event_id or event_type it cannot store is a poison record, its bytes kept base64.
+    assert rows[3].last_error.startswith("invalid_headers:")
+    assert rows[3].event_id == synthetic_event_id(topic=topic, partition=0, offset=3)
+    assert rows[3].headers["event_id"].startswith("base64:")
+    assert rows[3].payload == nul_event_id.payload
+    assert rows[4].last_error.startswith("invalid_headers:")
+    assert rows[4].event_type == "base64:T3JkZXIAUGxhY2Vk"
+    assert committed_offsets(group, topic) == [6]

@@ -100,3 +100,35 @@ def test_keys_and_headers_that_are_not_utf8_survive():
     assert record.key == "\\xfe"
     assert record.headers["blob"] == "base64:/w=="
     assert parse_record(message(value=b"{}", headers=[("event_id", b"e1")], key=None)).key is None
+
+
+def test_nul_bytes_postgresql_cannot_store_are_escaped_or_kept_base64():
+    record = parse_record(
+        message(value=b"{}", headers=[("event_id", b"e1"), ("note", b"a\x00b")], key=b"k\x00")
+    )
+    assert record.poison is None
+    assert record.key == "k\\x00"
+    assert record.headers["note"] == "base64:YQBi"
+
+
+def test_an_event_id_or_event_type_with_a_nul_byte_is_poison():
+    bad_id = parse_record(message(value=b"{}", headers=[("event_id", b"e\x001")]))
+    assert bad_id.poison is not None
+    assert bad_id.poison.code == "invalid_headers"
+    assert bad_id.event_id == synthetic_event_id(topic="orders", partition=3, offset=7)
+    assert bad_id.headers["event_id"] == "base64:ZQAx"
+
+    for event_type in (b"Order\x00Placed", b"\xff"):
+        bad_type = parse_record(
+            message(value=b"{}", headers=[("event_id", b"e1"), ("event_type", event_type)])
+        )
+        assert bad_type.poison is not None
+        assert bad_type.poison.code == "invalid_headers"
+        assert bad_type.event_id == "e1"
+        assert bad_type.payload == {}
+
+
+def test_a_header_that_only_looks_base64_is_read_as_it_is():
+    record = parse_record(message(value=b"{}", headers=[("event_id", b"base64:e1")]))
+    assert record.poison is None
+    assert record.event_id == "base64:e1"
