@@ -156,8 +156,10 @@ class InboxConsumer:
             return None
         self._in_flight = [first]
         # Whatever is already fetched, without waiting: a lone event is not held back, and a
-        # busy topic fills whole batches. A rebalance callback may run inside this call.
-        self._in_flight.extend(self.consumer.consume(self.batch_size - 1, timeout=0))
+        # busy topic fills whole batches. A rebalance callback may run inside this call and
+        # replace self._in_flight, so the call comes first and the list is looked up after.
+        fetched = self.consumer.consume(self.batch_size - 1, timeout=0)
+        self._in_flight.extend(fetched)
         batch, self._in_flight = self._in_flight, []
         return self._process(batch)
 
