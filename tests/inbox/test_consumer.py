@@ -10,6 +10,7 @@ from inbox import handler
 from inbox.models import ConsumerOffset, InboxMessage
 from inbox.records import synthetic_event_id
 from inbox.registry import HandlerRegistry
+from inbox.services import BatchResult
 from project.kafka import kafka_connection_config
 from tests.inbox.conftest import consume_for, consume_until, effect_counts, record_effect
 from tests.inbox.factories import Event, make_events, produce, produce_raw
@@ -206,20 +207,40 @@ def test_a_failing_handler_leaves_a_failed_row_that_succeeds_on_retry(
     assert effect_counts(group) == {failing.event_id: 1, fine.event_id: 1}
 
 
+@pytest.mark.parametrize("strategy", ["range", "cooperative-sticky"])
 def test_exactly_once_mode_seeks_to_the_stored_offset_on_assignment(
-    kafka_topic, inbox_registry, effects, run_consumer
+    kafka_topic, inbox_registry, effects, run_consumer, monkeypatch, strategy
 ):
+    from inbox import consumer as consumer_module
+
     topic, group = kafka_topic(), unique_group()
     seen = effect_handler(inbox_registry, group=group, topic=topic)
     events = make_events(5)
     produce(topic, events)
     # As if offsets 0 and 1 had been applied by an earlier run whose Kafka commit was lost.
     ConsumerOffset.objects.create(consumer_group=group, topic=topic, partition=0, next_offset=2)
+    # The offsets the consumer fetched: the batch's own filter would hide a missing seek.
+    fetched: list[int] = []
+    real_parse_record = consumer_module.parse_record
 
-    consumer = run_consumer(group=group, exactly_once=True)
+    def parse_record(message: Message):
+        fetched.append(message.offset() or 0)
+        return real_parse_record(message)
+
+    monkeypatch.setattr(consumer_module, "parse_record", parse_record)
+    results: list[BatchResult] = []
+
+    consumer = run_consumer(
+        group=group,
+        exactly_once=True,
+        on_batch=results.append,
+        config_overrides={"partition.assignment.strategy": strategy},
+    )
     consume_until(consumer, lambda: len(seen) == 3)
     consume_for(consumer, 1.0)
 
+    assert fetched == [2, 3, 4]
+    assert sum(result.skipped for result in results) == 0
     assert seen == [e.event_id for e in events[2:]]
     stored = ConsumerOffset.objects.get(consumer_group=group, topic=topic, partition=0)
     assert stored.next_offset == 5
