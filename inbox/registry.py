@@ -5,6 +5,7 @@ module of every installed app (`autodiscover()`, run by InboxConfig.ready). Test
 active registry with `scoped_registry()` so that their handlers never leak into other tests.
 """
 
+import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,17 +33,50 @@ class Handler:
         return f"{self.function.__module__}.{self.function.__qualname__}"
 
 
+def _definition(function: HandlerFunction) -> tuple[str, str, str, int] | None:
+    """Where `function` was written: module, qualified name, file and first line of its
+    code (of the innermost function, past functools.wraps decorators)."""
+    inner = inspect.unwrap(function)
+    code = getattr(inner, "__code__", None)
+    if code is None:
+        return None
+    return (
+        getattr(inner, "__module__", ""),
+        getattr(inner, "__qualname__", ""),
+        code.co_filename,
+        code.co_firstlineno,
+    )
+
+
+def _describe(function: HandlerFunction) -> str:
+    where = _definition(function)
+    if where is None:
+        return repr(function)
+    module, qualname, filename, line = where
+    return f"{module}.{qualname} ({filename}:{line})"
+
+
+def _same_definition(first: HandlerFunction, second: HandlerFunction) -> bool:
+    if first is second:
+        return True
+    where = _definition(first)
+    return where is not None and where == _definition(second)
+
+
 class HandlerRegistry:
     def __init__(self) -> None:
         self._handlers: dict[tuple[str, str], Handler] = {}
 
     def register(self, entry: Handler) -> None:
         existing = self._handlers.get((entry.group, entry.event_type))
-        # A module imported twice (reload, runserver) registers the same function again.
-        if existing is not None and existing.name != entry.name:
+        # A module imported again (importlib.reload, say) registers the same definition
+        # again: tolerated, the newer function kept. Two definitions with one name (a
+        # function defined twice in a module, two lambdas) are two handlers.
+        if existing is not None and not _same_definition(existing.function, entry.function):
             raise DuplicateHandler(
                 f"Group {entry.group!r} has two handlers for {entry.event_type!r}: "
-                f"{existing.name} and {entry.name}. Keep one, or give one another group."
+                f"{_describe(existing.function)} and {_describe(entry.function)}. Keep one, "
+                "or give one another group."
             )
         self._handlers[(entry.group, entry.event_type)] = entry
 

@@ -1,5 +1,9 @@
 """inbox/registry.py"""
 
+import functools
+import importlib
+import sys
+
 import pytest
 
 from inbox import handler
@@ -70,3 +74,63 @@ def test_a_given_registry_can_be_scoped():
     registry = HandlerRegistry()
     with scoped_registry(registry) as active:
         assert active is registry
+
+
+def test_a_function_defined_twice_under_one_name_is_a_duplicate(inbox_registry):
+    @handler(event_type="E", topic="t", group="g")
+    def ship(message):
+        pass
+
+    with pytest.raises(DuplicateHandler, match=r"test_registry\.py:\d+\) and .*test_registry"):
+
+        @handler(event_type="E", topic="t", group="g")
+        def ship(message):
+            pass
+
+
+def test_two_lambdas_are_a_duplicate(inbox_registry):
+    handler(event_type="E", topic="t", group="g")(lambda message: None)
+    with pytest.raises(DuplicateHandler):
+        handler(event_type="E", topic="t", group="g")(lambda message: None)
+
+
+def test_two_handlers_behind_one_decorator_are_a_duplicate(inbox_registry):
+    def logged(function):
+        @functools.wraps(function)
+        def wrapper(message):
+            return function(message)
+
+        return wrapper
+
+    @handler(event_type="E", topic="t", group="g")
+    @logged
+    def ship(message):
+        pass
+
+    with pytest.raises(DuplicateHandler):
+
+        @handler(event_type="E", topic="t", group="g")
+        @logged
+        def ship(message):
+            pass
+
+
+def test_a_module_imported_again_is_not_a_duplicate(inbox_registry, tmp_path, monkeypatch):
+    (tmp_path / "reloaded_handlers.py").write_text(
+        "from inbox import handler\n\n\n"
+        '@handler(event_type="E", topic="t", group="g")\n'
+        "def ship(message):\n"
+        "    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        module = importlib.import_module("reloaded_handlers")
+        first = module.ship
+        importlib.reload(module)
+    finally:
+        sys.modules.pop("reloaded_handlers", None)
+    assert len(inbox_registry) == 1
+    entry = inbox_registry.get(group="g", event_type="E")
+    assert entry is not None
+    assert entry.function is module.ship
+    assert entry.function is not first
