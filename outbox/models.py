@@ -77,6 +77,9 @@ class OutboxEvent(models.Model):
             models.Index(fields=("published_at",), name="outbox_event_published_idx"),
             models.Index(fields=("aggregate_type", "aggregate_id"), name="outbox_event_aggr_idx"),
             models.Index(fields=("key",), name="outbox_event_key_idx"),
+            # An event type filter on the console: a rare type would otherwise walk the
+            # created_at index through the whole table to fill one page.
+            models.Index(fields=("event_type", "created_at"), name="outbox_event_type_idx"),
         )
 
     def __str__(self) -> str:

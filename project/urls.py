@@ -5,6 +5,8 @@ from django.views.generic import RedirectView
 from project.health import health_view
 from project.metrics import metrics_view
 
+handler404 = "project.api.views.not_found"
+
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="admin:index", permanent=False)),
     path("admin/", admin.site.urls),

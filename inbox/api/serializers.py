@@ -49,7 +49,9 @@ class InboxActionInputSerializer(serializers.Serializer):
 
 
 class InboxBulkInputSerializer(InboxActionInputSerializer):
-    ids = serializers.ListField(child=serializers.IntegerField(min_value=1), required=False)
+    ids = serializers.ListField(
+        child=serializers.IntegerField(min_value=1), required=False, min_length=1
+    )
     filter = serializers.DictField(
         child=serializers.CharField(allow_blank=True),
         required=False,

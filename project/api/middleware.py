@@ -30,6 +30,6 @@ class BodySizeLimitMiddleware:
                         f"The request body is {length} bytes; the limit is {limit}. "
                         "Send fewer ids, or select the rows by filter.",
                     ),
-                    status=413,
+                    status=400,
                 )
         return self.get_response(request)

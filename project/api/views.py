@@ -3,12 +3,15 @@
 from datetime import timedelta
 from typing import Any
 
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.defaults import page_not_found
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from project.api.exceptions import error_body
 from project.selectors import console_summary, consumer_lag, latest_analytics, rate_series
 
 VIEW_BOTH = ["outbox.view_outboxevent", "inbox.view_inboxmessage"]
@@ -43,3 +46,13 @@ class ConsumerLagView(APIView):
     @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request: Request) -> Response:
         return Response(consumer_lag().as_dict())
+
+
+def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """Django's 404 handler: under /api/ the API's JSON error, elsewhere Django's page."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(
+            error_body("not_found", f"No API endpoint at {request.path}; /api/docs/ lists them."),
+            status=404,
+        )
+    return page_not_found(request, exception)

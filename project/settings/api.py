@@ -52,7 +52,7 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
-# Request bodies above this many bytes get 413 with a JSON error (API) or 400 (elsewhere).
+# Request bodies above this many bytes get 400: a JSON error with code request_too_large (API).
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=256 * 1024)
 # An API bulk request may name at most this many ids; larger sets go by filter.
 API_BULK_MAX_IDS = env.int("API_BULK_MAX_IDS", default=1000)

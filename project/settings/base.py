@@ -48,7 +48,8 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
-    # API request bodies over DATA_UPLOAD_MAX_MEMORY_SIZE get 413 and a JSON error.
+    # API request bodies over DATA_UPLOAD_MAX_MEMORY_SIZE get 400 and a JSON error
+    # (code request_too_large), as Django answers a body over the limit elsewhere.
     "project.api.middleware.BodySizeLimitMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",

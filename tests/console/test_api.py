@@ -272,14 +272,17 @@ def test_bad_bulk_input_gets_400(operator, body, code, words):
     assert words in response.json()["message"]
 
 
-def test_an_oversized_body_gets_413_with_a_json_error(operator, settings):
+def test_an_oversized_body_gets_400_with_a_json_error(operator, settings):
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1024
     body = json.dumps({"ids": [str(uuid.uuid4()) for _ in range(100)]})
     response = client_for(operator).post(
         f"{EVENTS}bulk/retry/", body, content_type="application/json"
     )
-    assert response.status_code == 413
+    assert response.status_code == 400
     assert response.json()["code"] == "request_too_large"
+    assert (
+        f"The request body is {len(body)} bytes; the limit is 1024" in (response.json()["message"])
+    )
 
 
 def test_read_only_fields_cannot_be_written(operator, make_event):
@@ -303,13 +306,12 @@ def test_throttling_answers_429_in_json(operator, make_event, settings):
     ScopedRateThrottle.THROTTLE_RATES = rates
     try:
         client = client_for(operator)
-        codes = [
-            client.post(f"{EVENTS}{event.pk}/retry/", {}, format="json").status_code
-            for _ in range(3)
-        ]
+        responses = [client.post(f"{EVENTS}{event.pk}/retry/", {}, format="json") for _ in range(3)]
     finally:
         ScopedRateThrottle.THROTTLE_RATES = original
-    assert codes[-1] == 429
+    assert responses[-1].status_code == 429
+    assert responses[-1].json()["code"] == "throttled"
+    assert responses[-1].json()["message"]
 
 
 def test_release_key(operator, make_event):
@@ -475,3 +477,85 @@ def test_schema_and_swagger_ui_are_served_locally(viewer):
 def test_users_without_staff_still_need_permissions(db):
     user = User.objects.create_user(username="plain", password="pw")
     assert client_for(user).get(MESSAGES).status_code == 403
+
+
+# Every action endpoint: (url of the row or the collection, the permission it needs, the row
+# it acts on, the body). Refused anonymously, 403 with every permission but its own, 200 with it.
+ACTION_MATRIX = [
+    ("outbox-bulk-retry", "outbox.retry_outboxevent", {"filter": {"status": "FAILED"}}),
+    ("outbox-bulk-discard", "outbox.discard_outboxevent", {"filter": {"status": "FAILED"}}),
+    ("outbox-bulk-replay", "outbox.replay_outboxevent", {"filter": {"status": "DONE"}}),
+    ("outbox-key-release", "outbox.release_outboxkey", {"topic": "console.orders"}),
+    ("inbox-retry", "outbox.retry_inboxmessage", {}),
+    ("inbox-replay", "outbox.replay_inboxmessage", {}),
+    ("inbox-discard", "outbox.discard_inboxmessage", {}),
+    ("inbox-bulk-retry", "outbox.retry_inboxmessage", {"filter": {"status": "FAILED"}}),
+    ("inbox-bulk-replay", "outbox.replay_inboxmessage", {"filter": {"status": "FAILED"}}),
+    ("inbox-bulk-discard", "outbox.discard_inboxmessage", {"filter": {"status": "FAILED"}}),
+]
+
+
+def _action_target(name, make_event, make_message):
+    """The url of `name` and a row in the state its action changes."""
+    if name.startswith("outbox"):
+        status = OutboxEvent.Status.DONE if name.endswith("replay") else OutboxEvent.Status.FAILED
+        event = make_event(status, key="k-1")
+        return {"outbox-key-release": f"{EVENTS}keys/release/"}.get(
+            name, f"{EVENTS}bulk/{name.rsplit('-', 1)[1]}/"
+        ), {"key": event.key}
+    message = make_message(InboxMessage.Status.FAILED)
+    verb = name.rsplit("-", 1)[1]
+    return (f"{MESSAGES}bulk/{verb}/" if "bulk" in name else f"{MESSAGES}{message.pk}/{verb}/"), {}
+
+
+@pytest.mark.parametrize(("name", "permission", "body"), ACTION_MATRIX)
+def test_every_action_endpoint_needs_its_own_permission(
+    api, make_user, make_event, make_message, name, permission, body
+):
+    from tests.console.conftest import ACTION_PERMISSIONS
+
+    url, extra = _action_target(name, make_event, make_message)
+    body = {**body, **extra}
+    anonymous = api.post(url, body, format="json")
+    assert anonymous.status_code in (401, 403)
+    others = [p for p in ACTION_PERMISSIONS if p != permission]
+    refused = client_for(make_user(*VIEW_PERMISSIONS, *others)).post(url, body, format="json")
+    assert refused.status_code == 403, refused.json()
+    assert refused.json()["code"] == "permission_denied"
+    assert not OperatorAction.objects.exists()
+    allowed = client_for(make_user(*VIEW_PERMISSIONS, permission)).post(url, body, format="json")
+    assert allowed.status_code == 200, allowed.json()
+    entry = OperatorAction.objects.get()
+    assert entry.source == "api"
+    assert entry.changed == 1
+
+
+@pytest.mark.parametrize(
+    ("url", "permissions"),
+    [
+        ("/api/stats/summary/", ["outbox.view_outboxevent", "inbox.view_inboxmessage"]),
+        ("/api/stats/consumer-lag/", ["inbox.view_inboxmessage"]),
+    ],
+)
+def test_stats_need_the_view_permissions(make_user, url, permissions):
+    assert client_for(make_user()).get(url).status_code == 403
+    assert client_for(make_user(*permissions)).get(url).status_code == 200
+
+
+def test_reading_one_row_needs_authentication(api, make_event, make_message):
+    assert api.get(f"{EVENTS}{make_event().pk}/").status_code in (401, 403)
+    assert api.get(f"{MESSAGES}{make_message().pk}/").status_code in (401, 403)
+
+
+def test_an_empty_id_list_is_refused(operator):
+    for url in (f"{EVENTS}bulk/retry/", f"{MESSAGES}bulk/retry/"):
+        response = client_for(operator).post(url, {"ids": []}, format="json")
+        assert response.status_code == 400
+        assert response.json()["code"] == "validation_error"
+        assert "ids" in response.json()["message"]
+
+
+def test_an_unknown_api_path_is_a_json_404(operator):
+    response = client_for(operator).get("/api/outbox/nothing-here/")
+    assert response.status_code == 404
+    assert response.json()["code"] == "not_found"

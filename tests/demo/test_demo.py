@@ -9,7 +9,7 @@ from decimal import Decimal
 
 import pytest
 from django.conf import settings
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import transaction
 
 from demo.errors import InjectedFailure
@@ -157,3 +157,9 @@ def test_a_duplicate_send_repeats_the_record_with_the_same_event_id(
     assert headers["event_id"] == str(event.pk)
     assert headers["event_type"] == "PaymentCompleted"
     assert json.loads(message.value())["order_id"] == "order-5"
+
+
+@pytest.mark.parametrize("arguments", [["--rate", "0"], ["--rate", "-2"]])
+def test_a_rate_that_is_not_positive_is_refused(arguments):
+    with pytest.raises(CommandError, match="rate must be above 0"):
+        call_command("demo_traffic", *arguments, "--count", "1")

@@ -8,7 +8,7 @@ from typing import Any
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from demo.services import demo_duplicate_send, payment_complete
 from outbox.models import OutboxEvent
@@ -37,7 +37,12 @@ class Command(BaseCommand):
         if not settings.DEMO_ENABLED:
             self.stderr.write("DEMO_ENABLED is false: no demo traffic.")
             return
-        rate = options["rate"] or settings.DEMO_RATE
+        rate = settings.DEMO_RATE if options["rate"] is None else options["rate"]
+        if rate <= 0:
+            raise CommandError(
+                f"The rate must be above 0 payments per second, got {rate} (--rate or "
+                "DEMO_RATE); set DEMO_ENABLED=false to switch the demo off."
+            )
         duplicate_rate = (
             settings.DEMO_DUPLICATE_RATE
             if options["duplicate_rate"] is None
@@ -54,7 +59,7 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, stop)
         producer: Producer | None = None
         sent = duplicates = 0
-        interval = 1.0 / rate if rate > 0 else 1.0
+        interval = 1.0 / rate
         try:
             while running and (options["count"] is None or sent < options["count"]):
                 started = time.monotonic()
