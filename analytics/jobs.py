@@ -611,6 +611,8 @@ def kafka_scan_plan(
             **config.kafka_config,
             "group.id": "analytics-reconciliation",
             "enable.auto.commit": False,
+            # The end of the scan is then the last stable offset, where read_committed stops.
+            "isolation.level": "read_committed",
             "socket.connection.setup.timeout.ms": int(config.kafka_timeout_seconds * 1000),
         }
     )
@@ -669,6 +671,9 @@ def read_kafka(spark: "SparkSession", plan: KafkaScanPlan, config: JobConfig) ->
     )
     for key, value in config.kafka_config.items():
         reader = reader.option(f"kafka.{key}", value)
+    # As the inbox reads: the records of an aborted Kafka transaction (the relay's
+    # transactional mode publishes such a batch again) are no copies, and no "re-sent".
+    reader = reader.option("kafka.isolation.level", "read_committed")
     frame = reader.load()
     return frame.select(
         "topic",

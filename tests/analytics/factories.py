@@ -78,6 +78,18 @@ class _Kafka:
         self.count += 1
         return delivered[0]
 
+    def send_aborted(self, topic: str, key: str, event_id: str) -> None:
+        """The record in a Kafka transaction that aborts, as a fenced transactional relay's
+        batch: it takes an offset in the log, but read_committed readers never see it."""
+        producer = Producer(
+            {**kafka_connection_config(), "transactional.id": f"analytics-test-{uuid.uuid4()}"}
+        )
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.produce(topic, key=key, value=b"{}", headers=[("event_id", event_id.encode())])
+        producer.flush(30)
+        producer.abort_transaction(30)
+
 
 def _ms(rng: random.Random, low: int, high: int) -> timedelta:
     return timedelta(milliseconds=rng.randint(low, high))
@@ -139,6 +151,8 @@ def planted_history(*, topics: dict[str, str], since: datetime, seed: int = 7) -
                 if (role == "orders" and index in (9, 10)) or (role == "users" and index == 11):
                     kafka.send(topic, key, event_id)  # a relay retry after a lost ack
                     history.findings.add(("resent", event_id, ""))
+                if role == "orders" and index == 12:
+                    kafka.send_aborted(topic, key, event_id)  # no copy: not "re-sent"
             history.lags[(hour, topic, event_type, "", "publish")].append(
                 (published - created).total_seconds()
             )
