@@ -241,6 +241,9 @@ def outbox_event_publish(
     return event
 
 
+NUDGE_EXPIRES_SECONDS = 5.0
+
+
 def _nudge_relay_on_commit() -> None:
     # One nudge per transaction, however many events it publishes.
     if any(entry[1] is _send_relay_nudge for entry in connection.run_on_commit):
@@ -267,7 +270,8 @@ def _send_relay_nudge() -> None:
     _last_nudge_at = now
     if not _take_shared_nudge_slot(interval_ms):
         return
-    relay.apply_async(ignore_result=True, retry=False)
+    # A nudge still queued after NUDGE_EXPIRES_SECONDS is dropped: beat's tick has come since.
+    relay.apply_async(ignore_result=True, retry=False, expires=NUDGE_EXPIRES_SECONDS)
 
 
 def relay_nudge_key() -> str:

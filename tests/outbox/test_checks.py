@@ -7,3 +7,16 @@ def test_a_lease_shorter_than_the_delivery_timeout_is_an_error(settings):
     assert [error.id for error in check_outbox_settings(None)] == ["outbox.E001"]
     settings.OUTBOX_LEASE_SECONDS = 60
     assert check_outbox_settings(None) == []
+
+
+def test_a_relay_interval_beat_cannot_store_is_an_error(settings):
+    for interval in (0.5, 1.5, 0):
+        settings.OUTBOX_RELAY_INTERVAL = interval
+        assert [error.id for error in check_outbox_settings(None)] == ["outbox.E005"]
+    settings.OUTBOX_RELAY_INTERVAL = 2.0
+    assert check_outbox_settings(None) == []
+
+
+def test_stale_relay_ticks_expire_instead_of_piling_up(settings):
+    entry = settings.CELERY_BEAT_SCHEDULE["outbox-relay"]
+    assert entry["options"]["expires"] >= 3 * entry["schedule"]
