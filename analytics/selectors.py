@@ -1,13 +1,14 @@
 """Reads of the analytics results, for the admin and the API.
 
 Results of overlapping windows can cover the same hour: the series take, for each hour and
-key, the row of the latest succeeded run.
+key, the row of the latest succeeded run whose window covers the whole hour, and the row of a
+run over part of the hour (an ad-hoc `--since 10:30`) only where no whole-hour run has one.
 """
 
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from django.db.models import Max, QuerySet, Sum
+from django.db.models import BooleanField, ExpressionWrapper, F, Max, Q, QuerySet, Sum
 
 from analytics.models import (
     AnalyticsRun,
@@ -51,8 +52,7 @@ def delivery_lag_series(
         stats = stats.filter(event_type=event_type)
     if consumer_group is not None:
         stats = stats.filter(consumer_group=consumer_group)
-    key = ("hour", "topic", "event_type", "consumer_group", "stage")
-    return stats.order_by(*key, "-run__started_at").distinct(*key)
+    return _latest_per_key(stats, ("hour", "topic", "event_type", "consumer_group", "stage"))
 
 
 def duplicate_rate_series(
@@ -67,8 +67,7 @@ def duplicate_rate_series(
         stats = stats.filter(topic=topic)
     if consumer_group is not None:
         stats = stats.filter(consumer_group=consumer_group)
-    key = ("hour", "topic", "consumer_group")
-    return stats.order_by(*key, "-run__started_at").distinct(*key)
+    return _latest_per_key(stats, ("hour", "topic", "consumer_group"))
 
 
 def relay_stat_series(
@@ -77,8 +76,7 @@ def relay_stat_series(
     stats = _between(RelayStat.objects.filter(run__status=SUCCEEDED), since=since, until=until)
     if topic is not None:
         stats = stats.filter(topic=topic)
-    key = ("hour", "topic")
-    return stats.order_by(*key, "-run__started_at").distinct(*key)
+    return _latest_per_key(stats, ("hour", "topic"))
 
 
 def reconciliation_finding_list(
@@ -157,3 +155,15 @@ def _between(
     if until is not None:
         stats = stats.filter(hour__lt=until)
     return stats
+
+
+def _latest_per_key(stats: QuerySet[Hourly], key: tuple[str, ...]) -> QuerySet[Hourly]:
+    whole_hour = ExpressionWrapper(
+        Q(run__window_start__lte=F("hour"), run__window_end__gte=F("hour") + timedelta(hours=1)),
+        output_field=BooleanField(),
+    )
+    return (
+        stats.annotate(whole_hour=whole_hour)
+        .order_by(*key, F("whole_hour").desc(), "-run__started_at")
+        .distinct(*key)
+    )
