@@ -25,8 +25,9 @@ services-status:
 run: venv spark-jars
 	@scripts/run.sh
 
+# browser-deps has installed Chromium: the browser test must run, not be skipped.
 test: venv services-up spark-jars browser-deps
-	$(BIN)/pytest $(PYTEST_ARGS)
+	E2E_BROWSER_REQUIRED=1 $(BIN)/pytest $(PYTEST_ARGS)
 
 # The PostgreSQL JDBC driver and spark-sql-kafka for the analytics job, into .local/spark-jars.
 spark-jars:
