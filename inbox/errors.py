@@ -23,6 +23,14 @@ class InvalidTransition(InboxError):
     code = "invalid_transition"
 
 
+class ConcurrentDelivery(InboxError):
+    """Another transaction recorded an event of the batch while this one ran its handlers
+    (two consumers briefly own one partition during a rebalance): the batch's transaction
+    rolls back and the batch is delivered again, then as a duplicate."""
+
+    code = "concurrent_delivery"
+
+
 class ImproperlyConfiguredInbox(InboxError):
     code = "improperly_configured"
 

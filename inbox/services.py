@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from inbox import metrics
 from inbox.errors import (
+    ConcurrentDelivery,
     ImproperlyConfiguredInbox,
     InvalidTransition,
     NoHandlerForRetry,
@@ -155,33 +156,49 @@ def _failure_state(*, attempts: int, now: dt.datetime) -> tuple[str, dt.datetime
     return PENDING, now + dt.timedelta(seconds=retry_delay_seconds(attempts=attempts))
 
 
+# The batch's rows that exist already, and an id for each new one: handlers run before the
+# INSERT (so that it can write when each finished), and a handler's message carries its id.
+_LOOKUP_SQL = """
+SELECT r.event_id, m.id, m.status, m.attempts, m.duplicate_count,
+    CASE WHEN m.id IS NULL THEN nextval(pg_get_serial_sequence('inbox_message', 'id')) END
+FROM unnest(%s::text[]) AS r(event_id)
+LEFT JOIN LATERAL (
+    -- LIMIT keeps this a probe of the unique index per event id, whatever the statistics.
+    SELECT id, status, attempts, duplicate_count FROM inbox_message
+    WHERE consumer_group = %s AND event_id = r.event_id
+    LIMIT 1
+) AS m ON true
+"""
+
 _INSERT_SQL = """
 INSERT INTO inbox_message (
-    event_id, consumer_group, topic, "partition", "offset", key, event_type, aggregate_type,
-    aggregate_id, payload, headers, raw_value, raw_value_encoding, status, attempts,
-    next_attempt_at, last_error, published_at, received_at, processed_at, duplicate_count,
-    last_duplicate_at
+    id, event_id, consumer_group, topic, "partition", "offset", key, event_type,
+    aggregate_type, aggregate_id, payload, headers, raw_value, raw_value_encoding, status,
+    attempts, next_attempt_at, last_error, published_at, received_at, processed_at,
+    duplicate_count, last_duplicate_at
 )
-SELECT r.event_id, %(group)s, r.topic, r.partition, r.offset, r.key, r.event_type,
+SELECT r.id, r.event_id, %(group)s, r.topic, r.partition, r.offset, r.key, r.event_type,
     r.aggregate_type, r.aggregate_id, r.payload::jsonb, r.headers::jsonb, r.raw_value,
-    r.raw_value_encoding, r.status, CASE WHEN r.status = 'DONE' THEN 1 ELSE 0 END, NULL,
-    r.last_error, r.published_at, %(now)s, CASE WHEN r.status = 'DONE' THEN %(now)s END,
-    r.duplicate_count, CASE WHEN r.duplicate_count > 0 THEN %(now)s::timestamptz END
+    r.raw_value_encoding, r.status, r.attempts, r.next_attempt_at, r.last_error,
+    r.published_at, %(now)s, r.processed_at, r.duplicate_count,
+    CASE WHEN r.duplicate_count > 0 THEN %(now)s::timestamptz END
 FROM unnest(
-    %(event_id)b::text[], %(topic)b::text[], %(partition)b::integer[], %(offset)b::bigint[],
-    %(key)b::text[], %(event_type)b::text[], %(aggregate_type)b::text[],
+    %(id)b::bigint[], %(event_id)b::text[], %(topic)b::text[], %(partition)b::integer[],
+    %(offset)b::bigint[], %(key)b::text[], %(event_type)b::text[], %(aggregate_type)b::text[],
     %(aggregate_id)b::text[], %(payload)b::text[], %(headers)b::text[], %(raw_value)b::text[],
-    %(raw_value_encoding)b::text[], %(status)b::text[], %(last_error)b::text[],
-    %(published_at)b::timestamptz[], %(duplicate_count)b::integer[]
+    %(raw_value_encoding)b::text[], %(status)b::text[], %(attempts)b::integer[],
+    %(next_attempt_at)b::timestamptz[], %(last_error)b::text[],
+    %(published_at)b::timestamptz[], %(processed_at)b::timestamptz[],
+    %(duplicate_count)b::integer[]
 ) AS r(
-    event_id, topic, partition, "offset", key, event_type, aggregate_type, aggregate_id,
-    payload, headers, raw_value, raw_value_encoding, status, last_error, published_at,
-    duplicate_count
+    id, event_id, topic, partition, "offset", key, event_type, aggregate_type, aggregate_id,
+    payload, headers, raw_value, raw_value_encoding, status, attempts, next_attempt_at,
+    last_error, published_at, processed_at, duplicate_count
 )
 ON CONFLICT (consumer_group, event_id) DO UPDATE SET
     duplicate_count = inbox_message.duplicate_count + 1 + EXCLUDED.duplicate_count,
     last_duplicate_at = EXCLUDED.received_at
-RETURNING id, event_id, (xmax = 0) AS inserted, status, attempts, duplicate_count
+RETURNING event_id, (xmax = 0) AS inserted
 """
 
 _UPDATE_SQL = """
@@ -199,9 +216,27 @@ WHERE m.id = u.id
 class _Row:
     record: InboxRecord
     entry: Handler | None
+    # The state the row is inserted in, when it is new.
     status: str
     last_error: str = ""
     extra_deliveries: int = 0
+    attempts: int = 0
+    next_attempt_at: dt.datetime | None = None
+    processed_at: dt.datetime | None = None
+    # From the lookup: the row's id, and whether it existed before this batch.
+    pk: int = 0
+    existed: bool = False
+
+
+# A row's status, attempts, next_attempt_at, last_error and processed_at after its handler.
+_State = tuple[str, int, dt.datetime | None, str, dt.datetime | None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Existing:
+    status: str
+    attempts: int
+    duplicate_count: int
 
 
 def _classify(
@@ -238,19 +273,38 @@ def _classify(
                 record, None, FAILED, last_error=poison_description(poison)
             )
             continue
-        # Inserted as DONE, the state its handler's success leaves it in, so the common case
-        # needs no UPDATE; a failure or a deferral rewrites the row in the same transaction,
-        # and no other transaction ever sees the difference.
-        rows[record.event_id] = _Row(record, entry, DONE)
+        # Set by its handler's outcome before the INSERT.
+        rows[record.event_id] = _Row(record, entry, PENDING)
     return list(rows.values())
 
 
-def _insert(
-    *, group: str, rows: Sequence[_Row], now: dt.datetime
-) -> dict[str, tuple[int, bool, str, int, int]]:
+def _lookup(*, group: str, rows: Sequence[_Row]) -> dict[str, _Existing]:
+    """Sets each row's id and `existed`; returns the state of the rows that existed."""
+    by_event_id = {row.record.event_id: row for row in rows}
+    existing: dict[str, _Existing] = {}
+    with _binary_cursor() as cursor:
+        cursor.execute(_LOOKUP_SQL, [list(by_event_id), group])
+        for event_id, pk, status, attempts, duplicate_count, new_pk in cursor.fetchall():
+            row = by_event_id[event_id]
+            if pk is None:
+                row.pk = new_pk
+            else:
+                row.pk, row.existed = pk, True
+                existing[event_id] = _Existing(status, attempts, duplicate_count)
+    return existing
+
+
+def _insert(*, group: str, rows: Sequence[_Row], now: dt.datetime) -> None:
+    """Inserts the new rows and counts the redelivery of the others, in one statement.
+
+    Raises ConcurrentDelivery when the table changed since _lookup(): another transaction
+    recorded one of the events (a consumer whose partitions moved on, say) after this one
+    ran its handler, or a row looked up was deleted. The caller's transaction must roll back;
+    the batch is delivered again and then sees the other's row."""
     params: dict[str, Any] = {
         "group": group,
         "now": now,
+        "id": [row.pk for row in rows],
         "event_id": [row.record.event_id for row in rows],
         "topic": [row.record.topic for row in rows],
         "partition": [row.record.partition for row in rows],
@@ -264,16 +318,23 @@ def _insert(
         "raw_value": [row.record.raw_value for row in rows],
         "raw_value_encoding": [row.record.raw_value_encoding for row in rows],
         "status": [row.status for row in rows],
+        "attempts": [row.attempts for row in rows],
+        "next_attempt_at": [row.next_attempt_at for row in rows],
         "last_error": [row.last_error for row in rows],
         "published_at": [row.record.published_at for row in rows],
+        "processed_at": [row.processed_at for row in rows],
         "duplicate_count": [row.extra_deliveries for row in rows],
     }
     with _binary_cursor() as cursor:
         cursor.execute(_INSERT_SQL, params)
-        return {
-            event_id: (pk, inserted, status, attempts, duplicate_count)
-            for pk, event_id, inserted, status, attempts, duplicate_count in cursor.fetchall()
-        }
+        inserted = dict(cursor.fetchall())
+    changed = [row.record.event_id for row in rows if inserted[row.record.event_id] == row.existed]
+    if changed:
+        raise ConcurrentDelivery(
+            f"{len(changed)} event(s) of the batch, e.g. {changed[0]!r}, were recorded or "
+            "deleted by another transaction while this one ran its handlers; roll back and "
+            "deliver the batch again."
+        )
 
 
 def _message(
@@ -381,8 +442,11 @@ def inbox_message_record_batch(
     `exactly_once`) the next offsets commit together. Each handler runs in a savepoint; a
     failure is recorded on its row and does not stop the batch. Handlers not started by
     `deadline` (time.monotonic()) are left PENDING and due now, for the retry task.
-    A row's processed_at is the time the batch was recorded (the handler ran later in the
-    same transaction, before its commit).
+
+    The batch's new rows are inserted after their handlers ran, so that processed_at is when
+    each handler finished: a handler does not find its own row in the table. Raises
+    ConcurrentDelivery (roll back, deliver again) if another transaction recorded one of the
+    events meanwhile.
     """
     _require_atomic()
     registry = registry if registry is not None else get_registry()
@@ -411,55 +475,60 @@ def inbox_message_record_batch(
         unknown_event_type=unknown_event_type,
         result=result,
     )
-    returned = _insert(group=group, rows=rows, now=now) if rows else {}
+    existing = _lookup(group=group, rows=rows) if rows else {}
 
-    updates: list[tuple[int, str, int, dt.datetime | None, str, dt.datetime | None]] = []
+    # Rows that existed and whose handler ran again (deduplication off): updated in place.
+    updates: list[tuple[int, *_State]] = []
     for row in rows:
-        pk, inserted, status, attempts, duplicate_count = returned[row.record.event_id]
-        if inserted and row.entry is not None:
-            attempts = 0  # inserted as DONE after one attempt, the one about to run
-        if inserted:
+        before = existing.get(row.record.event_id)
+        if before is None:
             result.inserted += 1
             result.duplicates += row.extra_deliveries
         else:
             result.duplicates += 1 + row.extra_deliveries
         if row.entry is None:
-            if inserted:
+            if before is None:
                 result.poison += 1
             continue
         # A duplicate runs nothing, unless deduplication is off (then it runs again, which is
         # what exactly-once mode alone must make safe).
-        if not inserted and (deduplicate or status == FAILED):
+        if before is not None and (deduplicate or before.status == FAILED):
             continue
+        attempts = 0 if before is None else before.attempts
         if deadline is not None and time.monotonic() > deadline:
             result.deferred += 1
-            updates.append((pk, PENDING, attempts, now, "", None))
-            continue
-        message = _message(
-            group=group,
-            record=row.record,
-            pk=pk,
-            attempts=attempts,
-            duplicates=duplicate_count,
-            now=now,
-        )
-        error, seconds = _run_handler(row.entry, message)
-        result.handler_seconds.append(seconds)
-        finished = timezone.now()
-        if error is None:
-            result.processed += 1
-            if not inserted:
-                updates.append((pk, DONE, attempts + 1, None, "", finished))
-            if row.record.published_at is not None:
-                result.consume_lag_seconds.append(
-                    (finished - row.record.published_at).total_seconds()
-                )
+            state: _State = (PENDING, attempts, now, "", None)
         else:
-            result.failed += 1
-            new_status, next_attempt_at = _failure_state(attempts=attempts + 1, now=finished)
-            updates.append(
-                (pk, new_status, attempts + 1, next_attempt_at, format_error(error), None)
+            message = _message(
+                group=group,
+                record=row.record,
+                pk=row.pk,
+                attempts=attempts,
+                duplicates=row.extra_deliveries
+                if before is None
+                else before.duplicate_count + 1 + row.extra_deliveries,
+                now=now,
             )
+            error, seconds = _run_handler(row.entry, message)
+            result.handler_seconds.append(seconds)
+            finished = timezone.now()
+            if error is None:
+                result.processed += 1
+                state = (DONE, attempts + 1, None, "", finished)
+                if row.record.published_at is not None:
+                    result.consume_lag_seconds.append(
+                        (finished - row.record.published_at).total_seconds()
+                    )
+            else:
+                result.failed += 1
+                status, next_attempt_at = _failure_state(attempts=attempts + 1, now=finished)
+                state = (status, attempts + 1, next_attempt_at, format_error(error), None)
+        if before is None:
+            row.status, row.attempts, row.next_attempt_at, row.last_error, row.processed_at = state
+        else:
+            updates.append((row.pk, *state))
+    if rows:
+        _insert(group=group, rows=rows, now=now)
     if updates:
         with _binary_cursor() as cursor:
             cursor.execute(_UPDATE_SQL, [list(column) for column in zip(*updates, strict=True)])

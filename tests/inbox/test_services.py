@@ -2,6 +2,7 @@
 
 import datetime as dt
 import time
+import uuid
 
 import pytest
 from confluent_kafka import Message
@@ -286,3 +287,121 @@ def test_a_handler_that_swallows_a_database_error_fails_cleanly(inbox_registry, 
     rows = InboxMessage.objects.all()
     assert {r.status for r in rows} == {"PENDING"}
     assert all("InFailedSqlTransaction" in r.last_error for r in rows)
+
+
+def test_processed_at_is_when_each_handler_finished(inbox_registry):
+    pause_seconds = 0.2
+    finished: dict[str, dt.datetime] = {}
+
+    @handler(event_type="OrderPlaced", topic="t", group=GROUP)
+    def slow(message):
+        time.sleep(pause_seconds)
+        finished[message.event_id] = timezone.now()
+
+    events = [Event() for _ in range(3)]
+    result = record_batch(records(events))
+
+    rows = {r.event_id: r for r in InboxMessage.objects.all()}
+    for event in events:
+        row = rows[event.event_id]
+        assert row.processed_at is not None
+        assert row.received_at + dt.timedelta(seconds=pause_seconds) <= row.processed_at
+        assert finished[event.event_id] <= row.processed_at <= timezone.now()
+    # The consume lag read from the table is the one the metric observed.
+    lags_from_rows = sorted(
+        (rows[e.event_id].processed_at - rows[e.event_id].published_at).total_seconds()
+        for e in events
+    )
+    assert lags_from_rows == pytest.approx(sorted(result.consume_lag_seconds), abs=0.001)
+
+
+def _statements_of_a_batch(monkeypatch, size: int) -> int:
+    import psycopg
+
+    executed: list[str] = []
+    real_execute = psycopg.Cursor.execute
+
+    def execute(self, query, params=None, **kwargs):
+        executed.append(str(query))
+        return real_execute(self, query, params, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(psycopg.Cursor, "execute", execute)
+        record_batch(records([Event() for _ in range(size)]))
+    return len(executed)
+
+
+def test_a_batch_runs_the_same_few_statements_whatever_its_size(inbox_registry, monkeypatch):
+    @handler(event_type="OrderPlaced", topic="t", group=GROUP)
+    def noop(message):
+        pass
+
+    # The lookup of existing rows and the INSERT, in the test's savepoint (and its release).
+    assert _statements_of_a_batch(monkeypatch, 2) == _statements_of_a_batch(monkeypatch, 50) == 4
+
+
+def test_a_handler_s_message_carries_the_id_of_its_row(inbox_registry):
+    ids: dict[str, int | None] = {}
+
+    @handler(event_type="OrderPlaced", topic="t", group=GROUP)
+    def remember(message):
+        ids[message.event_id] = message.id
+
+    events = [Event(), Event()]
+    record_batch(records(events))
+    assert ids == {e.event_id: InboxMessage.objects.get(event_id=e.event_id).id for e in events}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_event_recorded_by_another_transaction_meanwhile_rolls_the_batch_back(
+    inbox_registry, effects
+):
+    import psycopg
+    from django.db import connection
+
+    from inbox.errors import ConcurrentDelivery
+
+    group = f"svc-race-{uuid.uuid4().hex[:8]}"
+    event, other = Event(), Event()
+    database = connection.settings_dict
+
+    @handler(event_type="OrderPlaced", topic="t", group=group)
+    def apply(message):
+        record_effect(group=group, event_id=message.event_id)
+
+    @handler(event_type="Racy", topic="t", group=group)
+    def record_elsewhere(message):
+        # Another consumer of the same partition (its session expired but it went on)
+        # records the event and commits while this transaction runs the handler.
+        with psycopg.connect(
+            host=database["HOST"],
+            port=database["PORT"] or 5432,
+            user=database["USER"],
+            password=database["PASSWORD"],
+            dbname=database["NAME"],
+            autocommit=True,
+        ) as elsewhere:
+            # Were this transaction's row inserted already, the INSERT would wait for it.
+            elsewhere.execute("SET lock_timeout = '5s'")
+            elsewhere.execute(
+                "INSERT INTO inbox_message (event_id, consumer_group, topic, partition, "
+                '"offset", event_type, aggregate_type, aggregate_id, headers, raw_value, '
+                "raw_value_encoding, status, attempts, last_error, received_at, "
+                "duplicate_count) VALUES (%s, %s, 't', 0, 0, 'Racy', '', '', '{}', '', '', "
+                "'DONE', 1, '', now(), 0)",
+                [message.event_id, group],
+            )
+
+    racy = Event(event_type="Racy", event_id=event.event_id)
+    with pytest.raises(ConcurrentDelivery, match=event.event_id), transaction.atomic():
+        inbox_message_record_batch(group=group, records=records([other, racy]))
+    # Nothing of the batch committed: not the other event's effect, nor its row.
+    assert effect_counts(group) == {}
+    rows = InboxMessage.objects.filter(consumer_group=group)
+    assert list(rows.values_list("event_id", flat=True)) == [event.event_id]
+
+    # Delivered again, the batch sees the row: a duplicate, and the rest is processed.
+    with transaction.atomic():
+        result = inbox_message_record_batch(group=group, records=records([other, racy]))
+    assert (result.inserted, result.duplicates, result.processed) == (1, 1, 1)
+    assert effect_counts(group) == {other.event_id: 1}
