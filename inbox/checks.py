@@ -1,11 +1,38 @@
-"""System checks of the inbox settings."""
+"""Checks of the inbox settings: Django system checks, and the retention of the consumed
+topics, which only a Kafka client can read (inbox_consume checks them at start).
 
+The DONE row is what recognises a redelivery, so INBOX_RETENTION_DAYS must cover the longest
+time after which Kafka can deliver a record again (an offset reset, a lost offset commit, a
+replay): the topic's retention.ms plus its segment.ms, because Kafka deletes whole segments,
+once the newest record of a segment is older than retention.ms, and a segment takes records
+for up to segment.ms. With Kafka's defaults that is 7 + 7 = 14 days.
+"""
+
+from collections.abc import Sequence
 from typing import Any
 
+from confluent_kafka.admin import AdminClient, ConfigResource
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
-SECONDS_PER_DAY = 86_400
+from project.kafka import kafka_connection_config
+
+MS_PER_DAY = 86_400_000
+# Kafka's defaults (log.retention.hours=168, log.roll.hours=168), assumed by the system check.
+KAFKA_DEFAULT_RETENTION_MS = 7 * MS_PER_DAY
+KAFKA_DEFAULT_SEGMENT_MS = 7 * MS_PER_DAY
+TOPIC_CONFIG_TIMEOUT_SECONDS = 5.0
+
+
+def redelivery_window_ms(*, retention_ms: int, segment_ms: int) -> int | None:
+    """How long after it was written Kafka can still deliver a record; None: for ever."""
+    if retention_ms < 0:
+        return None
+    return retention_ms + segment_ms
+
+
+def _days(milliseconds: int) -> str:
+    return f"{milliseconds / MS_PER_DAY:g} days"
 
 
 @register()
@@ -28,13 +55,49 @@ def check_inbox_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
                 id="inbox.E002",
             )
         )
-    if settings.INBOX_RETENTION_DAYS * SECONDS_PER_DAY <= settings.INBOX_RETRY_MAX_SECONDS:
+    window = KAFKA_DEFAULT_RETENTION_MS + KAFKA_DEFAULT_SEGMENT_MS
+    if window > settings.INBOX_RETENTION_DAYS * MS_PER_DAY:
         messages.append(
             Warning(
-                "INBOX_RETENTION_DAYS is shorter than one retry delay; rows would be purged "
-                "while redeliveries can still arrive.",
-                hint="Keep INBOX_RETENTION_DAYS above the topics' retention (7 days by default).",
+                f"INBOX_RETENTION_DAYS ({settings.INBOX_RETENTION_DAYS}) is shorter than the "
+                f"time Kafka can deliver a record again with its default topic settings "
+                f"({_days(window)}: retention.ms plus segment.ms): a record read again after "
+                "its DONE row was purged would run its handler a second time.",
+                hint=(
+                    "Keep INBOX_RETENTION_DAYS at least retention.ms + segment.ms of the topics "
+                    "the inbox consumes; inbox_consume checks the real topics at start."
+                ),
                 id="inbox.W001",
             )
         )
     return messages
+
+
+def topic_retention_warnings(
+    *, topics: Sequence[str], timeout: float = TOPIC_CONFIG_TIMEOUT_SECONDS
+) -> list[str]:
+    """One message per topic whose records Kafka can deliver again after the inbox purged
+    their rows. Raises KafkaException when the broker cannot tell."""
+    admin = AdminClient(kafka_connection_config())
+    futures = admin.describe_configs(
+        [ConfigResource(ConfigResource.Type.TOPIC, topic) for topic in topics],
+        request_timeout=timeout,
+    )
+    inbox_retention_ms = settings.INBOX_RETENTION_DAYS * MS_PER_DAY
+    warnings = []
+    for resource, future in futures.items():
+        config = future.result(timeout=timeout)
+        window = redelivery_window_ms(
+            retention_ms=int(config["retention.ms"].value),
+            segment_ms=int(config["segment.ms"].value),
+        )
+        if window is None or window > inbox_retention_ms:
+            kept = "for ever" if window is None else f"for up to {_days(window)}"
+            warnings.append(
+                f"Topic {resource.name} can deliver a record again {kept} (retention.ms "
+                "plus segment.ms), longer than INBOX_RETENTION_DAYS "
+                f"({settings.INBOX_RETENTION_DAYS} days): a record read again after its DONE "
+                "row was purged would run its handler a second time. Raise "
+                "INBOX_RETENTION_DAYS, or lower the topic's retention."
+            )
+    return warnings

@@ -1,3 +1,4 @@
+import logging
 import signal
 from types import FrameType
 from typing import Any
@@ -5,9 +6,12 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from prometheus_client import start_http_server
 
+from inbox.checks import topic_retention_warnings
 from inbox.consumer import InboxConsumer
 from inbox.errors import NoHandlers
 from inbox.registry import get_registry
+
+logger = logging.getLogger(__name__)
 
 
 class Command(BaseCommand):
@@ -55,6 +59,8 @@ class Command(BaseCommand):
         except NoHandlers as error:
             raise CommandError(str(error)) from error
 
+        self._check_topic_retention(consumer.topics)
+
         def stop(signum: int, frame: FrameType | None) -> None:
             consumer.stop()
 
@@ -64,3 +70,12 @@ class Command(BaseCommand):
             start_http_server(options["metrics_port"])
         consumer.run()
         self.stdout.write(f"Inbox consumer for group {options['group']} stopped.")
+
+    def _check_topic_retention(self, topics: list[str]) -> None:
+        try:
+            warnings = topic_retention_warnings(topics=topics)
+        except Exception as error:  # advice only: the consumer starts all the same
+            logger.warning("Could not read the retention of %s: %s", ", ".join(topics), error)
+            return
+        for warning in warnings:
+            logger.warning(warning)

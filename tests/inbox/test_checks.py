@@ -1,0 +1,61 @@
+"""inbox/checks.py"""
+
+import logging
+
+import pytest
+from django.core.management import call_command
+from django.test import override_settings
+
+from inbox import handler
+from inbox.checks import MS_PER_DAY, check_inbox_settings, topic_retention_warnings
+from inbox.consumer import InboxConsumer
+
+
+def warning_ids() -> list[str]:
+    return [message.id for message in check_inbox_settings() if message.id]
+
+
+def test_the_default_retention_covers_kafka_s_default_topic_settings():
+    # retention.ms 7 days + segment.ms 7 days: a record can be delivered again for 14 days.
+    with override_settings(INBOX_RETENTION_DAYS=14):
+        assert "inbox.W001" not in warning_ids()
+    with override_settings(INBOX_RETENTION_DAYS=13):
+        assert "inbox.W001" in warning_ids()
+
+
+def test_the_retry_backoff_does_not_bear_on_the_retention():
+    # Retries run from the stored row, which the purge never deletes before it is DONE.
+    with override_settings(INBOX_RETENTION_DAYS=14, INBOX_RETRY_MAX_SECONDS=30 * 86_400):
+        assert "inbox.W001" not in warning_ids()
+
+
+def days_ms(days: float) -> str:
+    return str(int(days * MS_PER_DAY))
+
+
+@pytest.mark.kafka
+@override_settings(INBOX_RETENTION_DAYS=14)
+def test_topics_kept_longer_than_the_inbox_s_retention_are_named(kafka_topic):
+    short = kafka_topic(config={"retention.ms": days_ms(3), "segment.ms": days_ms(1)})
+    default = kafka_topic()  # the broker's defaults: 7 + 7 days
+    long = kafka_topic(config={"retention.ms": days_ms(10), "segment.ms": days_ms(7)})
+    forever = kafka_topic(config={"retention.ms": "-1"})
+
+    warnings = topic_retention_warnings(topics=[short, default, long, forever])
+
+    assert sorted(warning.split(" can deliver")[0] for warning in warnings) == sorted(
+        [f"Topic {long}", f"Topic {forever}"]
+    )
+    assert f"Topic {long} can deliver a record again for up to 17 days" in " ".join(warnings)
+    assert f"Topic {forever} can deliver a record again for ever" in " ".join(warnings)
+
+
+@pytest.mark.kafka
+@override_settings(INBOX_RETENTION_DAYS=14)
+def test_inbox_consume_warns_about_them_at_start(kafka_topic, inbox_registry, monkeypatch, caplog):
+    topic = kafka_topic(config={"retention.ms": "-1"})
+    handler(event_type="E", topic=topic, group="retention-check")(lambda message: None)
+    monkeypatch.setattr(InboxConsumer, "run", lambda self: None)
+    with caplog.at_level(logging.WARNING, logger="inbox.management.commands.inbox_consume"):
+        call_command("inbox_consume", "--group", "retention-check")
+    assert f"Topic {topic} can deliver a record again for ever" in caplog.text
