@@ -15,6 +15,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from django.conf import settings
+from django.db import Error as DatabaseError
 from django.db import close_old_connections, transaction
 
 from inbox.config import inbox_consumer_config
@@ -32,8 +33,13 @@ logger = logging.getLogger(__name__)
 # long before the next try, doubling up to the maximum.
 ERROR_BACKOFF_SECONDS = 0.5
 ERROR_BACKOFF_MAX_SECONDS = 30.0
+STOP_CHECK_SECONDS = 0.5
 
 PartitionKey = tuple[str, int]
+
+
+class _AssignmentAbandoned(Exception):
+    """The consumer was stopped while an assignment waited for the database."""
 
 
 def _position(message: Message) -> tuple[PartitionKey, int]:
@@ -118,6 +124,8 @@ class InboxConsumer:
             while self.running:
                 try:
                     self.poll_batch()
+                except _AssignmentAbandoned:
+                    logger.info("Group %s: stopped while waiting for the database", self.group)
                 except KafkaException as error:
                     if not _is_fatal(error.args[0] if error.args else None):
                         raise
@@ -252,10 +260,7 @@ class InboxConsumer:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if self.exactly_once:
-            close_old_connections()
-            stored = consumer_offsets_for(
-                group=self.group, partitions=[(p.topic, p.partition) for p in partitions]
-            )
+            stored = self._stored_offsets(partitions)
             for partition in partitions:
                 offset = stored.get((partition.topic, partition.partition))
                 if offset is not None:
@@ -266,6 +271,41 @@ class InboxConsumer:
             else:
                 consumer.assign(partitions)
         self._assigned.update((p.topic, p.partition) for p in partitions)
+
+    def _stored_offsets(self, partitions: list[TopicPartition]) -> dict[PartitionKey, int]:
+        """The stored offsets of an exactly-once group, waiting for the database as long as
+        it is down: no record of these partitions may be read before they are known (Kafka's
+        committed offset can lag them, and auto.offset.reset=latest would skip records).
+        Runs inside poll() or consume(); docs/inbox.md says what that means for the group."""
+        backoff = ERROR_BACKOFF_SECONDS
+        while True:
+            close_old_connections()
+            try:
+                return consumer_offsets_for(
+                    group=self.group, partitions=[(p.topic, p.partition) for p in partitions]
+                )
+            except DatabaseError as error:
+                if not self.running:
+                    # The client then assigns the partitions at the committed offsets, but
+                    # poll() raises this, and run() closes the consumer before a record of
+                    # theirs is processed.
+                    raise _AssignmentAbandoned() from error
+                logger.warning(
+                    "Group %s: cannot read the stored offsets of %d partitions (%s); "
+                    "retrying in %.1fs before reading them",
+                    self.group,
+                    len(partitions),
+                    error,
+                    backoff,
+                )
+            self._sleep_while_running(backoff)
+            backoff = min(backoff * 2, ERROR_BACKOFF_MAX_SECONDS)
+
+    def _sleep_while_running(self, seconds: float) -> None:
+        # A stop (SIGTERM) during a long pause is honoured within STOP_CHECK_SECONDS.
+        deadline = time.monotonic() + seconds
+        while self.running and time.monotonic() < deadline:
+            time.sleep(min(STOP_CHECK_SECONDS, max(0.0, deadline - time.monotonic())))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if self._in_flight:

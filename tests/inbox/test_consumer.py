@@ -7,6 +7,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from django.test import override_settings
 
 from inbox import handler
+from inbox.consumer import InboxConsumer
 from inbox.models import ConsumerOffset, InboxMessage
 from inbox.records import synthetic_event_id
 from inbox.registry import HandlerRegistry
@@ -383,3 +384,67 @@ def test_nul_bytes_in_keys_and_headers_do_not_stall_the_partition(
     assert rows[4].last_error.startswith("invalid_headers:")
     assert rows[4].event_type == "base64:T3JkZXIAUGxhY2Vk"
     assert committed_offsets(group, topic) == [6]
+
+
+def test_exactly_once_assignment_waits_for_the_database_then_seeks(
+    kafka_topic, inbox_registry, effects, run_consumer, monkeypatch
+):
+    from django.db import OperationalError
+
+    from inbox import consumer as consumer_module
+
+    topic, group = kafka_topic(), unique_group()
+    seen = effect_handler(inbox_registry, group=group, topic=topic)
+    events = make_events(4)
+    produce(topic, events)
+    ConsumerOffset.objects.create(consumer_group=group, topic=topic, partition=0, next_offset=2)
+    reads = {"n": 0}
+    real_read = consumer_module.consumer_offsets_for
+
+    def database_down_twice(**kwargs):
+        reads["n"] += 1
+        if reads["n"] <= 2:
+            raise OperationalError("connection refused")
+        return real_read(**kwargs)
+
+    monkeypatch.setattr(consumer_module, "consumer_offsets_for", database_down_twice)
+    monkeypatch.setattr(consumer_module, "ERROR_BACKOFF_SECONDS", 0.01)
+    fetched: list[int] = []
+    real_parse_record = consumer_module.parse_record
+
+    def parse_record(message: Message):
+        fetched.append(message.offset() or 0)
+        return real_parse_record(message)
+
+    monkeypatch.setattr(consumer_module, "parse_record", parse_record)
+
+    consumer = run_consumer(group=group, exactly_once=True)
+    consume_until(consumer, lambda: len(seen) == 2)
+
+    assert reads["n"] == 3
+    assert fetched == [2, 3]  # read from the stored offset, once the database answered
+    assert seen == [e.event_id for e in events[2:]]
+
+
+def test_a_consumer_stopped_while_waiting_for_the_database_reads_nothing(
+    kafka_topic, inbox_registry, effects, monkeypatch
+):
+    from django.db import OperationalError
+
+    from inbox import consumer as consumer_module
+
+    topic, group = kafka_topic(), unique_group()
+    seen = effect_handler(inbox_registry, group=group, topic=topic)
+    produce(topic, make_events(2))
+    consumer = InboxConsumer(group=group, exactly_once=True, poll_timeout=0.2)
+
+    def database_down(**kwargs):
+        consumer.stop()  # SIGTERM while the database is down
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr(consumer_module, "consumer_offsets_for", database_down)
+    consumer.run()  # returns: the stop is honoured inside the assignment
+
+    assert seen == []
+    assert not InboxMessage.objects.filter(consumer_group=group).exists()
+    assert committed_offsets(group, topic) == [-1001]
