@@ -66,6 +66,9 @@ class InboxMessage(models.Model):
             models.Index(fields=("event_id",), name="inbox_message_event_idx"),
             models.Index(fields=("event_type",), name="inbox_message_type_idx"),
             models.Index(fields=("topic", "partition", "offset"), name="inbox_message_tpo_idx"),
+            # The console's search by aggregate id or key (an event id has its own index).
+            models.Index(fields=("aggregate_id",), name="inbox_message_aggregate_idx"),
+            models.Index(fields=("key",), name="inbox_message_key_idx"),
         )
 
     def __str__(self) -> str:

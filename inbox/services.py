@@ -158,16 +158,33 @@ def _failure_state(*, attempts: int, now: dt.datetime) -> tuple[str, dt.datetime
 
 # The batch's rows that exist already, and an id for each new one: handlers run before the
 # INSERT (so that it can write when each finished), and a handler's message carries its id.
+# A redelivery is counted here at once, in the same statement (no second one, and no payload
+# shipped again: a replay of duplicates is no slower than new events); its row then stays
+# locked until the batch commits, so no other transaction deletes it meanwhile.
 _LOOKUP_SQL = """
-SELECT r.event_id, m.id, m.status, m.attempts, m.duplicate_count,
-    CASE WHEN m.id IS NULL THEN nextval(pg_get_serial_sequence('inbox_message', 'id')) END
-FROM unnest(%s::text[]) AS r(event_id)
-LEFT JOIN LATERAL (
-    -- LIMIT keeps this a probe of the unique index per event id, whatever the statistics.
-    SELECT id, status, attempts, duplicate_count FROM inbox_message
-    WHERE consumer_group = %s AND event_id = r.event_id
-    LIMIT 1
-) AS m ON true
+WITH batch AS (
+    SELECT * FROM unnest(%(event_id)s::text[], %(extra)s::integer[]) AS b(event_id, extra)
+), found AS (
+    SELECT b.event_id, m.id, m.status, m.attempts, m.duplicate_count, b.extra
+    FROM batch AS b
+    JOIN LATERAL (
+        -- LIMIT keeps this a probe of the unique index per event id, whatever the statistics.
+        SELECT id, status, attempts, duplicate_count FROM inbox_message
+        WHERE consumer_group = %(group)s AND event_id = b.event_id
+        LIMIT 1
+    ) AS m ON true
+), counted AS (
+    UPDATE inbox_message AS m SET
+        duplicate_count = m.duplicate_count + 1 + f.extra, last_duplicate_at = %(now)s
+    FROM found AS f
+    WHERE m.id = f.id
+    RETURNING m.id
+)
+SELECT b.event_id, f.id, f.status, f.attempts, f.duplicate_count,
+    CASE WHEN f.id IS NULL THEN nextval(pg_get_serial_sequence('inbox_message', 'id')) END,
+    (SELECT count(*) FROM counted)
+FROM batch AS b
+LEFT JOIN found AS f USING (event_id)
 """
 
 _INSERT_SQL = """
@@ -278,29 +295,46 @@ def _classify(
     return list(rows.values())
 
 
-def _lookup(*, group: str, rows: Sequence[_Row]) -> dict[str, _Existing]:
-    """Sets each row's id and `existed`; returns the state of the rows that existed."""
+def _lookup(*, group: str, rows: Sequence[_Row], now: dt.datetime) -> dict[str, _Existing]:
+    """Sets each row's id and `existed`, and counts the redelivery of the rows that existed;
+    returns their state as it was before this batch."""
     by_event_id = {row.record.event_id: row for row in rows}
     existing: dict[str, _Existing] = {}
+    params = {
+        "event_id": list(by_event_id),
+        "extra": [row.extra_deliveries for row in by_event_id.values()],
+        "group": group,
+        "now": now,
+    }
     with _binary_cursor() as cursor:
-        cursor.execute(_LOOKUP_SQL, [list(by_event_id), group])
-        for event_id, pk, status, attempts, duplicate_count, new_pk in cursor.fetchall():
-            row = by_event_id[event_id]
-            if pk is None:
-                row.pk = new_pk
-            else:
-                row.pk, row.existed = pk, True
-                existing[event_id] = _Existing(status, attempts, duplicate_count)
+        cursor.execute(_LOOKUP_SQL, params)
+        found = cursor.fetchall()
+    counted = found[0][-1] if found else 0
+    for event_id, pk, status, attempts, duplicate_count, new_pk, _ in found:
+        row = by_event_id[event_id]
+        if pk is None:
+            row.pk = new_pk
+        else:
+            row.pk, row.existed = pk, True
+            existing[event_id] = _Existing(status, attempts, duplicate_count)
+    if counted != len(existing):
+        raise ConcurrentDelivery(
+            f"{len(existing) - counted} row(s) of the batch were deleted by another "
+            "transaction as this one looked them up; roll back and deliver the batch again."
+        )
     return existing
 
 
 def _insert(*, group: str, rows: Sequence[_Row], now: dt.datetime) -> None:
-    """Inserts the new rows and counts the redelivery of the others, in one statement.
+    """Inserts the new rows (_lookup() has counted the redelivery of the others).
 
-    Raises ConcurrentDelivery when the table changed since _lookup(): another transaction
-    recorded one of the events (a consumer whose partitions moved on, say) after this one
-    ran its handler, or a row looked up was deleted. The caller's transaction must roll back;
-    the batch is delivered again and then sees the other's row."""
+    Raises ConcurrentDelivery when another transaction recorded one of the events (a
+    consumer whose partitions moved on, say) after _lookup(), while this one ran its
+    handlers. The caller's transaction must roll back; the batch is delivered again and then
+    sees the other's row."""
+    rows = [row for row in rows if not row.existed]
+    if not rows:
+        return
     params: dict[str, Any] = {
         "group": group,
         "now": now,
@@ -328,12 +362,12 @@ def _insert(*, group: str, rows: Sequence[_Row], now: dt.datetime) -> None:
     with _binary_cursor() as cursor:
         cursor.execute(_INSERT_SQL, params)
         inserted = dict(cursor.fetchall())
-    changed = [row.record.event_id for row in rows if inserted[row.record.event_id] == row.existed]
+    changed = [event_id for event_id, was_inserted in inserted.items() if not was_inserted]
     if changed:
         raise ConcurrentDelivery(
-            f"{len(changed)} event(s) of the batch, e.g. {changed[0]!r}, were recorded or "
-            "deleted by another transaction while this one ran its handlers; roll back and "
-            "deliver the batch again."
+            f"{len(changed)} event(s) of the batch, e.g. {changed[0]!r}, were recorded by "
+            "another transaction while this one ran its handlers; roll back and deliver the "
+            "batch again."
         )
 
 
@@ -475,7 +509,7 @@ def inbox_message_record_batch(
         unknown_event_type=unknown_event_type,
         result=result,
     )
-    existing = _lookup(group=group, rows=rows) if rows else {}
+    existing = _lookup(group=group, rows=rows, now=now) if rows else {}
 
     # Rows that existed and whose handler ran again (deduplication off): updated in place.
     updates: list[tuple[int, *_State]] = []
