@@ -46,10 +46,12 @@ INBOX_DEDUPLICATE = env.bool("INBOX_DEDUPLICATE", default=True)
 
 # DONE rows older than this many days (by processed_at) are deleted by beat. The inbox row is
 # what recognises a redelivery as a duplicate, so this must exceed the longest time after
-# which the same event can arrive again: the topic's retention (Kafka's default retention.ms
-# is 7 days, and an offset reset or a new replica of the group replays that far back), the
-# outbox relay's retry window, and any manual replay. Delete the row earlier and a late
-# redelivery runs its handler a second time.
+# which the same event can arrive again: the topic's retention (Kafka deletes whole log
+# segments, so a record can be read for retention.ms + segment.ms after it was written: 7 + 7
+# days by default, and an offset reset or a new replica of the group replays that far back),
+# the outbox relay's retry window, and any manual replay. Delete the row earlier and a late
+# redelivery runs its handler a second time. Checked by inbox.W001 and by inbox_consume at
+# start (docs/inbox.md).
 INBOX_RETENTION_DAYS = env.int("INBOX_RETENTION_DAYS", default=14)
 # Rows deleted per statement (each in its own short transaction), and statements per run.
 INBOX_RETENTION_BATCH_SIZE = env.int("INBOX_RETENTION_BATCH_SIZE", default=5000)
