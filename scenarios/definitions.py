@@ -4,16 +4,21 @@ Twelve must pass (0 lost, 0 duplicate effects, 0 order inversions, nothing stuck
 `broken-*` ones run a deliberately broken consumer or relay and must fail the check, which
 shows the checker can fail."""
 
+import re
 import sys
 from datetime import timedelta
 from functools import partial
+from typing import Any
 
 from outbox.models import OutboxEvent
 from scenarios import faults
-from scenarios.runner import Run, Scenario
+from scenarios.runner import PARTITIONS, Run, Scenario
 
 # Wait after a broker restart, so every round starts from a healthy cluster.
 HEALTHY_WAIT_SECONDS = 120.0
+# How long the controller may take to move leadership off a broker that died (it fences it
+# after broker.session.timeout.ms, 9 s by default) or that shuts down.
+LEADER_MOVE_SECONDS = 60.0
 # Published_at comes from the relay's clock at the delivery report, read a moment after the
 # broker acknowledged: an acknowledgement just before the outage may carry a time just after.
 OUTAGE_GRACE_SECONDS = 2.0
@@ -48,18 +53,51 @@ def _relay_kills(run: Run) -> None:
 # 3 ---------------------------------------------------------------------------------------
 
 
+def _leader_now(topic: str, partition: int) -> int | None:
+    try:
+        return faults.partition_leader(topic, partition, timeout=30)
+    except Exception:  # only recorded: the round's checks do not depend on it
+        return None
+
+
 def _leader_kills(run: Run) -> None:
     run.sleep(3)
+    rounds: list[dict[str, Any]] = []
+    run.extra["leader_kills"] = rounds
     for round_number in range(5):
-        partition = round_number % 6
+        partition = round_number % PARTITIONS
+        # A partition without a leader (-1, an election under way) is waited for, never
+        # "killed": faults.partition_leader raises if none comes.
         leader = faults.partition_leader(run.topic, partition)
-        run.fault(
+        killed = run.fault(
             f"SIGKILL broker {leader} (leader of partition {partition})",
             partial(faults.kafka_kill, leader),
         )
+        killed.detail = f"pid {killed.result}"
+        # Down 5 s at least, and until the controller has moved the partition's leadership
+        # to another broker: the proof that the leader really died.
         run.sleep(5)
-        run.fault(f"restart broker {leader}", partial(faults.kafka_start, leader))
+        moved = faults.wait_leader_moved(
+            run.topic, partition, away_from=leader, timeout=LEADER_MOVE_SECONDS
+        )
+        if moved is None:
+            run.extra_problems.append(
+                f"partition {partition} was still led by killed broker {leader} after "
+                f"{LEADER_MOVE_SECONDS:.0f} s"
+            )
+        restarted = run.fault(f"restart broker {leader}", partial(faults.kafka_start, leader))
+        restarted.detail = f"pid {restarted.result}; partition {partition} led by {moved} meanwhile"
         _healthy(run)
+        rounds.append(
+            {
+                "partition": partition,
+                "broker": leader,
+                "killed_pid": killed.result,
+                "leader_while_down": moved,
+                "restarted_pid": restarted.result,
+                "leader_after": _leader_now(run.topic, partition),
+            }
+        )
 
 
 # 4 ---------------------------------------------------------------------------------------
@@ -67,13 +105,33 @@ def _leader_kills(run: Run) -> None:
 
 def _rolling_restart(run: Run) -> None:
     run.sleep(3)
+    restarts: list[dict[str, Any]] = []
+    run.extra["restarts"] = restarts
     for node in range(1, faults.BROKERS + 1):
-        run.fault(
+        stopped = run.fault(
             f"stop broker {node} (SIGTERM, controlled shutdown)",
             partial(faults.kafka_stop, node),
         )
-        run.fault(f"start broker {node}", partial(faults.kafka_start, node))
+        report: faults.Stopped = stopped.result
+        stopped.detail = f"pid {report.pid}" + (
+            ", ignored SIGTERM: SIGKILLed" if report.forced else ""
+        )
+        # While it is down, every partition is led by another broker.
+        leaders = faults.wait_leaders_off(run.topic, node, timeout=LEADER_MOVE_SECONDS)
+        if leaders is None:
+            run.extra_problems.append(f"partitions still led by stopped broker {node}")
+        started = run.fault(f"start broker {node}", partial(faults.kafka_start, node))
+        started.detail = f"pid {started.result}"
         _healthy(run)
+        restarts.append(
+            {
+                "broker": node,
+                "stopped_pid": report.pid,
+                "forced": report.forced,
+                "leaders_while_down": leaders,
+                "started_pid": started.result,
+            }
+        )
 
 
 # 5 ---------------------------------------------------------------------------------------
@@ -87,11 +145,14 @@ def _two_brokers_down(run: Run) -> None:
     killed = [
         run.fault(f"SIGKILL broker {node}", partial(faults.kafka_kill, node)) for node in down
     ]
+    for fault in killed:
+        fault.detail = f"pid {fault.result}"
     outage_start = killed[-1].ended_at
     run.sleep(OUTAGE_SECONDS)
     outage_end = run.fault("outage ends", None).started_at
     for node in down:
-        run.fault(f"restart broker {node}", partial(faults.kafka_start, node))
+        restarted = run.fault(f"restart broker {node}", partial(faults.kafka_start, node))
+        restarted.detail = f"pid {restarted.result}"
     run.extra["outage"] = {"start": outage_start.isoformat(), "end": outage_end.isoformat()}
     _healthy(run)
 
@@ -145,9 +206,46 @@ def _concurrent_start(run: Run) -> None:
     run.add_celery_beat(2)
 
 
+CONCURRENT = ("relay-1", "relay-2", "relay-3", "beat-1", "beat-2", "worker-1")
+
+
 def _concurrent_faults(run: Run) -> None:
-    run.production_done.wait()
-    run.fault("three relays, two beat schedulers and a worker ran at once", None)
+    # The fault is the concurrency itself: halfway through the writing, all of them run.
+    run.sleep(run.scenario.production_seconds / 2)
+    running = run.fault(
+        "three relays, two beat schedulers and a worker running at once",
+        lambda: [name for name in CONCURRENT if run.processes[name].alive],
+    )
+    running.detail = f"running: {', '.join(running.result)}"
+    if len(running.result) != len(CONCURRENT):
+        run.extra_problems.append(f"not all running at once: only {running.result}")
+
+
+def _check_concurrent(run: Run) -> None:
+    """From their logs: each relay started, listened and published; each beat sent relay
+    tasks; the worker ran them."""
+    seen: dict[str, dict[str, int]] = {}
+    for name in ("relay-1", "relay-2", "relay-3"):
+        log = run.processes[name].log_text()
+        seen[name] = {
+            "started": log.count(" listening on "),
+            "published": sum(
+                int(n) for n in re.findall(r"stopped after publishing (\d+) events", log)
+            ),
+        }
+    for name in ("beat-1", "beat-2"):
+        log = run.processes[name].log_text()
+        seen[name] = {"sent": len(re.findall(r"Sending due task outbox-relay\b", log))}
+    log = run.processes["worker-1"].log_text()
+    results = re.findall(r"Task outbox\.tasks\.relay\[[^]]+\] succeeded in [\d.]+s: (\d+)", log)
+    seen["worker-1"] = {"relay_tasks": len(results), "published": sum(map(int, results))}
+    run.extra["concurrent"] = seen
+    for name in ("relay-1", "relay-2", "relay-3"):
+        if not seen[name]["started"] or not seen[name]["published"]:
+            run.extra_problems.append(f"{name} did not start or published nothing: {seen[name]}")
+    for name in ("beat-1", "beat-2"):
+        if not seen[name]["sent"]:
+            run.extra_problems.append(f"{name} sent no relay task")
 
 
 # 8 ---------------------------------------------------------------------------------------
@@ -167,16 +265,48 @@ def _consumer_kills(run: Run) -> None:
 def _rebalance_storm(run: Run) -> None:
     joined: list[str] = []
     next_index = 10
+    # The group's members after each step, as its coordinator reports them (None: it could
+    # not say).
+    members: list[dict[str, int] | None] = []
+    run.extra["group_members"] = members
     for _ in range(20):
         run.sleep(2)
         if joined and (len(joined) >= 4 or run.random.random() < 0.4):
             name = joined.pop(run.random.randrange(len(joined)))
-            run.fault(f"{name} leaves (SIGTERM)", run.processes[name].stop)
+            left = run.fault(f"{name} leaves (SIGTERM)", run.processes[name].stop)
+            left.detail = f"pid {run.processes[name].pids[-1]}, exit code {left.result}"
         else:
-            consumer = run.add_consumer(next_index, static=False, keep_alive=False)
+            added = run.fault(
+                f"consumer-{next_index} joins",
+                partial(run.add_consumer, next_index, static=False, keep_alive=False),
+            )
+            added.detail = f"pid {added.result.pids[-1]}"
             next_index += 1
-            joined.append(consumer.name)
-            run.fault(f"{consumer.name} joins", None)
+            joined.append(added.result.name)
+        current = run.group_members()
+        members.append(
+            None
+            if current is None
+            else {
+                "static": len(current) - current.count("dynamic"),
+                "dynamic": current.count("dynamic"),
+            }
+        )
+
+
+def _check_rebalance(run: Run) -> None:
+    """The storm reached the group: dynamic members were in it, and took records."""
+    seen = [m for m in run.extra.get("group_members", []) if m is not None]
+    run.extra["most_dynamic_members"] = max((m["dynamic"] for m in seen), default=0)
+    run.extra["dynamic_consumers_applying"] = sorted(
+        name
+        for name, count in run.extra["effects_by_process"].items()
+        if count and name.startswith("consumer-") and int(name.split("-")[1]) >= 10
+    )
+    if not run.extra["most_dynamic_members"]:
+        run.extra_problems.append("no joining consumer was ever seen in the group")
+    if not run.extra["dynamic_consumers_applying"]:
+        run.extra_problems.append("no joining consumer applied an event")
 
 
 # 10 --------------------------------------------------------------------------------------
@@ -205,12 +335,29 @@ def _check_poison(run: Run) -> None:
 # 11 --------------------------------------------------------------------------------------
 
 
+RECOVERY_LINE = "database system was not properly shut down; automatic recovery in progress"
+
+
 def _postgres_crashes(run: Run) -> None:
+    crashes: list[dict[str, Any]] = []
+    run.extra["postgres_crashes"] = crashes
+    log = faults.postgres_log()
     for number in range(3):
         run.sleep(8)
-        run.fault(f"PostgreSQL immediate shutdown ({number + 1})", faults.postgres_crash)
+        log_size = log.stat().st_size if log.exists() else 0
+        crashed = run.fault(f"PostgreSQL immediate shutdown ({number + 1})", faults.postgres_crash)
+        crashed.detail = f"postmaster pid {crashed.result}"
         run.sleep(3)
-        run.fault(f"PostgreSQL start ({number + 1})", faults.postgres_start)
+        started = run.fault(f"PostgreSQL start ({number + 1})", faults.postgres_start)
+        started.detail = f"postmaster pid {started.result}"
+        with log.open("rb") as file:
+            file.seek(log_size)
+            recovered = RECOVERY_LINE in file.read().decode(errors="replace")
+        if not recovered:
+            run.extra_problems.append(f"PostgreSQL start {number + 1} did not log a recovery")
+        crashes.append(
+            {"crashed_pid": crashed.result, "started_pid": started.result, "recovered": recovered}
+        )
 
 
 # 12 --------------------------------------------------------------------------------------
@@ -222,17 +369,33 @@ def _celery_start(run: Run) -> None:
     run.add_celery_beat(1)
 
 
-def _celery_faults(run: Run) -> None:
+# A Celery worker with its pool: the main process and --concurrency children.
+WORKER_PROCESSES = 3
+
+
+def _kill_worker(run: Run, number: int) -> None:
+    """SIGKILLs the worker once its pool is up (a worker still starting has no task to
+    lose), a moment later, while beat keeps sending it relay tasks."""
     worker = run.processes["worker-1"]
-    for number in range(2):
-        run.sleep(5)
-        run.fault(f"SIGKILL Celery worker ({number + 1})", worker.kill)
+    if not worker.wait_group(WORKER_PROCESSES, timeout=60):
+        run.extra_problems.append(f"the worker's pool was not up for kill {number}")
+    run.sleep(run.random.uniform(1, 2))
+    killed = run.fault(f"SIGKILL Celery worker ({number})", worker.kill)
+    if killed.result is not None:
+        killed.detail = (
+            f"process group {killed.result.group}, missed by the signal "
+            f"{killed.result.spared}, alive 10 s later {killed.result.survivors}"
+        )
+
+
+def _celery_faults(run: Run) -> None:
+    for number in (1, 2):
+        _kill_worker(run, number)
     run.sleep(3)
     run.fault("Redis stop", faults.redis_stop)
     run.sleep(5)
     run.fault("Redis start", faults.redis_start)
-    run.sleep(4)
-    run.fault("SIGKILL Celery worker (3)", worker.kill)
+    _kill_worker(run, 3)
 
 
 # Broken variants ------------------------------------------------------------------------
@@ -291,7 +454,8 @@ SCENARIOS: dict[str, Scenario] = {
             True,
             _standard,
             _relay_kills,
-            production_seconds=60,
+            production_seconds=75,
+            planned_faults=20,
         ),
         Scenario(
             "leader-kill",
@@ -299,7 +463,8 @@ SCENARIOS: dict[str, Scenario] = {
             True,
             _standard,
             _leader_kills,
-            production_seconds=60,
+            production_seconds=120,
+            planned_faults=10,
         ),
         Scenario(
             "rolling-restart",
@@ -307,7 +472,8 @@ SCENARIOS: dict[str, Scenario] = {
             False,
             _standard,
             _rolling_restart,
-            production_seconds=40,
+            production_seconds=60,
+            planned_faults=6,
         ),
         Scenario(
             "two-brokers-down",
@@ -315,7 +481,7 @@ SCENARIOS: dict[str, Scenario] = {
             True,
             _standard,
             _two_brokers_down,
-            production_seconds=40,
+            production_seconds=80,
             after=_check_nothing_done_during_outage,
         ),
         Scenario(
@@ -324,7 +490,7 @@ SCENARIOS: dict[str, Scenario] = {
             True,
             _standard,
             _broker_pause,
-            production_seconds=30,
+            production_seconds=50,
         ),
         Scenario(
             "concurrent-relays",
@@ -333,6 +499,7 @@ SCENARIOS: dict[str, Scenario] = {
             _concurrent_start,
             _concurrent_faults,
             production_seconds=20,
+            after=_check_concurrent,
         ),
         Scenario(
             "consumer-kill",
@@ -340,7 +507,8 @@ SCENARIOS: dict[str, Scenario] = {
             True,
             lambda run: _standard(run, consumers=3),
             _consumer_kills,
-            production_seconds=40,
+            production_seconds=50,
+            planned_faults=15,
         ),
         Scenario(
             "rebalance-storm",
@@ -348,7 +516,9 @@ SCENARIOS: dict[str, Scenario] = {
             True,
             _standard,
             _rebalance_storm,
-            production_seconds=35,
+            production_seconds=45,
+            planned_faults=20,
+            after=_check_rebalance,
         ),
         Scenario(
             "poison",
@@ -366,7 +536,8 @@ SCENARIOS: dict[str, Scenario] = {
             True,
             _standard,
             _postgres_crashes,
-            production_seconds=30,
+            production_seconds=40,
+            planned_faults=6,
         ),
         Scenario(
             "celery-redis",
@@ -375,6 +546,7 @@ SCENARIOS: dict[str, Scenario] = {
             _celery_start,
             _celery_faults,
             production_seconds=25,
+            planned_faults=5,
         ),
         Scenario(
             "broken-consumer-commit-first",

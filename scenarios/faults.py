@@ -5,8 +5,10 @@ the developers' PostgreSQL, Redis and Kafka on the default ports are never touch
 
 import logging
 import os
+import re
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
@@ -77,9 +79,61 @@ def admin() -> AdminClient:
     return AdminClient({"bootstrap.servers": BOOTSTRAP_SERVERS})
 
 
-def partition_leader(topic: str, partition: int = 0) -> int:
+def partition_leaders(topic: str) -> dict[int, int]:
+    """The leader of each partition of `topic` as the cluster's metadata has it (-1: none)."""
     metadata = admin().list_topics(topic, timeout=30)
-    return int(metadata.topics[topic].partitions[partition].leader)
+    return {number: int(p.leader) for number, p in metadata.topics[topic].partitions.items()}
+
+
+def partition_leader(topic: str, partition: int = 0, *, timeout: float = 60.0) -> int:
+    """The broker leading `partition`; waits while it has none (-1, an election under way)
+    and raises if it still has none after `timeout`: a fault aimed at "the leader" needs one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            leader = partition_leaders(topic).get(partition, -1)
+        except Exception as error:  # a broker in the middle of a restart: ask again
+            logger.debug("metadata of %s unavailable: %s", topic, error)
+            leader = -1
+        if leader >= 0:
+            return leader
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"partition {partition} of {topic} has no leader after {timeout} s")
+        time.sleep(0.5)
+
+
+def wait_leader_moved(
+    topic: str, partition: int, away_from: int, *, timeout: float = 60.0
+) -> int | None:
+    """Waits until another broker than `away_from` leads `partition` (the controller moved
+    leadership off a broker it fenced or that shut down); returns it, or None on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            leader = partition_leaders(topic).get(partition, -1)
+        except Exception as error:
+            logger.debug("metadata of %s unavailable: %s", topic, error)
+            leader = -1
+        if leader >= 0 and leader != away_from:
+            return leader
+        time.sleep(0.5)
+    return None
+
+
+def wait_leaders_off(topic: str, broker: int, *, timeout: float = 60.0) -> dict[int, int] | None:
+    """Waits until every partition of `topic` has a leader other than `broker`; returns the
+    leaders, or None on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            leaders = partition_leaders(topic)
+        except Exception as error:
+            logger.debug("metadata of %s unavailable: %s", topic, error)
+            leaders = {}
+        if leaders and all(leader >= 0 and leader != broker for leader in leaders.values()):
+            return leaders
+        time.sleep(0.5)
+    return None
 
 
 def wait_in_sync(topic: str, *, replicas: int = BROKERS, timeout: float = ISR_WAIT_SECONDS) -> bool:
@@ -98,16 +152,43 @@ def wait_in_sync(topic: str, *, replicas: int = BROKERS, timeout: float = ISR_WA
     return False
 
 
-def kafka_kill(node: int) -> None:
-    services("kafka-kill", str(node))
+def _reported(output: str, pattern: str) -> re.Match[str]:
+    """The line services.sh printed about the fault it made; its absence is an error."""
+    match = re.search(pattern, output)
+    if match is None:
+        raise RuntimeError(f"services.sh did not report {pattern!r}: {output.strip()!r}")
+    return match
 
 
-def kafka_stop(node: int) -> None:
-    services("kafka-stop", str(node))
+@dataclass(frozen=True)
+class Stopped:
+    pid: int
+    # SIGTERM was ignored for services.sh's wait and followed by SIGKILL.
+    forced: bool
 
 
-def kafka_start(node: int) -> None:
-    services("kafka-start", str(node))
+def _stopped(node: int, output: str) -> Stopped:
+    match = _reported(output, rf"node {node} stopped: pid (\d+), SIG\w+( \(ignored)?")
+    return Stopped(pid=int(match.group(1)), forced=match.group(2) is not None)
+
+
+def kafka_kill(node: int) -> int:
+    """SIGKILLs broker `node` and waits until its process is gone; returns its pid. Raises
+    if the broker was not running."""
+    return _stopped(node, services("kafka-kill", str(node))).pid
+
+
+def kafka_stop(node: int) -> Stopped:
+    """SIGTERMs broker `node` (controlled shutdown) and waits until its process is gone.
+    Raises if the broker was not running."""
+    return _stopped(node, services("kafka-stop", str(node)))
+
+
+def kafka_start(node: int) -> int:
+    """Starts broker `node` again and waits until it serves; returns its new pid. Raises if
+    the broker was running: a restart needs it down."""
+    output = services("kafka-start", str(node))
+    return int(_reported(output, rf"node {node} started: pid (\d+)").group(1))
 
 
 def kafka_pause(node: int) -> None:
@@ -118,12 +199,22 @@ def kafka_resume(node: int) -> None:
     services("kafka-resume", str(node))
 
 
-def postgres_crash() -> None:
-    services("postgres-crash")
+def postgres_log() -> Path:
+    return local_dir() / "postgres" / "postgres.log"
 
 
-def postgres_start() -> None:
-    services("postgres-start")
+def postgres_crash() -> int:
+    """Stops PostgreSQL in immediate mode (no checkpoint: it recovers from the WAL when it
+    starts); returns the pid of the postmaster stopped. Raises if it was not running."""
+    output = services("postgres-crash")
+    return int(_reported(output, r"immediate mode: postmaster pid (\d+)").group(1))
+
+
+def postgres_start() -> int:
+    """Starts PostgreSQL and waits until it accepts connections; returns the new postmaster's
+    pid."""
+    output = services("postgres-start")
+    return int(_reported(output, r"started: postmaster pid (\d+)").group(1))
 
 
 def redis_stop() -> None:

@@ -6,6 +6,7 @@ the delivery checker.
 Runs in a process whose settings point at the isolated services (scenarios/faults.py);
 the `scenario_run` command makes sure of it."""
 
+import contextlib
 import logging
 import os
 import random
@@ -18,6 +19,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
@@ -26,6 +28,7 @@ from confluent_kafka.admin import NewTopic, OffsetSpec
 from django.conf import settings
 from django.core.management import call_command
 from django.db import DatabaseError, connection, transaction
+from django.db.models import Count
 
 import outbox
 from inbox.models import InboxMessage
@@ -38,10 +41,16 @@ from scenarios.models import ScenarioEffect
 logger = logging.getLogger(__name__)
 
 PARTITIONS = 6
+# Events are written on this many keys (k0, k1, ...) unless a run says otherwise.
+DEFAULT_KEYS = 1000
 EVENTS_PER_TRANSACTION = 100
+# Each writer writes at least this many transactions (smaller ones in small runs).
+MIN_TRANSACTIONS = 20
 # Threads writing events, each for its own keys.
 WRITERS = 4
-# How long delivery may take to complete after the last fault before the run gives up.
+# How long delivery may take to complete after the last fault before the run gives up. A
+# caller that bounds a whole run (tests/scenarios/limits.py) allows this, plus the writing and
+# the fault schedule, plus stopping the processes and the check.
 COMPLETION_TIMEOUT_SECONDS = 600.0
 # After completion, how long to keep the consumers running so a late duplicate shows up.
 SETTLE_SECONDS = 3.0
@@ -51,6 +60,67 @@ RESTART_DELAY_SECONDS = 0.5
 
 def _now() -> float:
     return time.monotonic()
+
+
+def process_group(pgid: int) -> list[int]:
+    """The live processes (zombies left out) of process group `pgid`, from /proc."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # it ended while we looked
+            continue
+        # "pid (command) state ppid pgrp ...": the command may hold spaces and parentheses.
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return sorted(members)
+
+
+# /proc/PID/stat's flags: the process is exiting (a signal that kills it has been taken).
+_PF_EXITING = 0x4
+
+
+def spared(pids: list[int]) -> list[int]:
+    """Of `pids`, the processes alive that no SIGKILL has reached: not exiting, not a zombie,
+    and no SIGKILL pending. Read right after a process group was SIGKILLed, it names the
+    members the signal missed, before they could exit on their own (a child that its parent's
+    death does not kill lives on: a Celery pool child would finish its task)."""
+    missed = []
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:  # gone
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] in ("Z", "X") or int(fields[6]) & _PF_EXITING:
+            continue
+        pending = 0
+        for line in status.splitlines():
+            if line.startswith(("SigPnd:", "ShdPnd:")):
+                pending |= int(line.split()[1], 16)
+        if not pending & (1 << (signal.SIGKILL - 1)):
+            missed.append(pid)
+    return missed
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # nothing left in the group
+        os.killpg(pgid, signal.SIGKILL)
+
+
+@dataclass
+class Killed:
+    """One SIGKILL of a process's whole group: who was in it, who the signal missed (alive,
+    not dying, when the process itself had died), and who was still alive 10 s later."""
+
+    pid: int
+    group: list[int]
+    spared: list[int]
+    survivors: list[int]
 
 
 class Managed:
@@ -77,6 +147,9 @@ class Managed:
         self.keep_alive = keep_alive
         self.starts = 0
         self.kills = 0
+        self.killed: list[Killed] = []
+        # The pid of each start.
+        self.pids: list[int] = []
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self.restart_after = 0.0
@@ -96,40 +169,84 @@ class Managed:
             cwd=settings.BASE_DIR,
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            # Its own session and process group (pgid = its pid): a SIGKILL reaches the
+            # processes it forked too, such as a Celery worker's pool.
             start_new_session=True,
         )
+        self.pids.append(self.process.pid)
 
     @property
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def signal(self, signum: int) -> None:
-        if self.alive and self.process is not None:
-            if signum == signal.SIGKILL:
-                self.kills += 1
-            self.process.send_signal(signum)
+    def group(self) -> list[int]:
+        """The live processes of its current process group: itself and what it forked."""
+        return process_group(self.process.pid) if self.process is not None else []
 
-    def kill(self) -> None:
-        """SIGKILL; the supervisor starts it again."""
-        self.signal(signal.SIGKILL)
-        if self.process is not None:
-            self.process.wait(10)
-        self.restart_after = _now() + RESTART_DELAY_SECONDS
+    def wait_group(self, size: int, timeout: float) -> bool:
+        """Waits until its group has `size` live processes (a Celery worker and its pool)."""
+        deadline = _now() + timeout
+        while _now() < deadline:
+            if self.alive and len(self.group()) >= size:
+                return True
+            time.sleep(0.2)
+        return False
 
-    def stop(self, timeout: float = STOP_TIMEOUT_SECONDS) -> None:
+    def kill(self) -> Killed | None:
+        """SIGKILL to the whole process group, so that what it forked (a Celery worker's pool)
+        dies with it instead of finishing its work, whether or not it would die of its
+        parent's death on its own; then waits until none of the group is left. The supervisor
+        starts it again. None when it was not running."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return None
+        # No restart by the supervisor while the group dies.
+        self.restart_after = float("inf")
+        try:
+            group = process_group(process.pid)
+            self.kills += 1
+            _kill_group(process.pid)
+            process.wait(10)
+            missed = spared([pid for pid in group if pid != process.pid])
+            deadline = _now() + 10
+            survivors = process_group(process.pid)
+            while survivors and _now() < deadline:
+                time.sleep(0.1)
+                survivors = process_group(process.pid)
+            killed = Killed(pid=process.pid, group=group, spared=missed, survivors=survivors)
+            self.killed.append(killed)
+            return killed
+        finally:
+            self.restart_after = _now() + RESTART_DELAY_SECONDS
+
+    def stop(self, timeout: float = STOP_TIMEOUT_SECONDS) -> int | None:
+        """SIGTERM, a clean stop; SIGKILL to its group if it is still running after
+        `timeout`, and to whatever it left in its group in any case. Returns the exit code
+        (negative: the signal that ended it)."""
         self.keep_alive = False
-        if self.process is None:
-            return
-        if self.alive:
-            self.process.send_signal(signal.SIGTERM)
+        process = self.process
+        if process is None:
+            return None
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
             try:
-                self.process.wait(timeout)
+                process.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+                _kill_group(process.pid)
+                process.wait(10)
+        if process_group(process.pid):
+            _kill_group(process.pid)
         if self._log is not None:
             self._log.close()
             self._log = None
+        return process.returncode
+
+    def log_text(self) -> str:
+        """Everything its starts wrote (stdout and stderr)."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
 
     def supervise(self) -> None:
         if self.keep_alive and not self.alive and _now() >= self.restart_after:
@@ -145,6 +262,14 @@ class Fault:
     ended: float
     started_at: datetime
     ended_at: datetime
+    # What the action returned (a pid, a report), and what the schedule says it showed.
+    result: Any = None
+    detail: str = ""
+
+    def line(self) -> str:
+        when = f"{self.started_at:%H:%M:%S.%f}"[:-3]
+        detail = f": {self.detail}" if self.detail else ""
+        return f"{when} +{self.ended - self.started:.1f}s {self.what}{detail}"
 
 
 @dataclass
@@ -156,9 +281,12 @@ class ScenarioResult:
     faults: int
     seconds: float
     complete: bool
-    # Delivery complete, counted from the end of the last fault (or of production, if later).
+    # Delivery complete, counted from the end of the last fault (or of production, if later);
+    # None when incomplete, or when every event had been applied before the last fault began.
     seconds_after_last_fault: float | None
     expect_fail: bool = False
+    # Every event was applied before the last fault began: that fault struck an idle system.
+    delivered_before_last_fault: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     extra_problems: list[str] = field(default_factory=list)
 
@@ -194,6 +322,7 @@ class ScenarioResult:
                 if self.seconds_after_last_fault is None
                 else round(self.seconds_after_last_fault, 1)
             ),
+            "delivered_before_last_fault": self.delivered_before_last_fault,
             "passed": self.passed,
             "expect_fail": self.expect_fail,
             "as_expected": self.as_expected,
@@ -222,6 +351,13 @@ class Run:
         self.extra_problems: list[str] = []
         self.production_done = threading.Event()
         self.production_ended = 0.0
+        # Set when the fault schedule has returned; the writers wait on `_schedule` for it and
+        # for each fault (`_may_write`).
+        self.faults_done = threading.Event()
+        self.faults_ended = 0.0
+        self._schedule = threading.Condition()
+        # How long each writer waited for the fault schedule in all.
+        self.writers_waited: list[float] = []
         self.production_error: BaseException | None = None
         self._stop_supervisor = threading.Event()
         self._lock = threading.Lock()
@@ -297,8 +433,9 @@ class Run:
                 "-A",
                 "project",
                 "worker",
+                # INFO: each task it ran, and what it returned (a relay task: events published).
                 "--loglevel",
-                "WARNING",
+                "INFO",
                 "--concurrency",
                 "2",
                 "--hostname",
@@ -319,8 +456,9 @@ class Run:
                 "-A",
                 "project",
                 "beat",
+                # INFO: each task it sent.
                 "--loglevel",
-                "WARNING",
+                "INFO",
                 "--schedule",
                 str(self.log_dir / f"beat-{index}.db"),
             ],
@@ -340,13 +478,30 @@ class Run:
     # Faults --------------------------------------------------------------------------------
 
     def fault(self, what: str, action: Callable[[], object] | None = None) -> Fault:
-        """Runs `action` and logs it as one fault, from its start to its end."""
+        """Runs `action` and logs it as one fault, from its start to its end; the fault keeps
+        what the action returned (`result`), and the schedule may add what it showed
+        (`detail`, in the fault log)."""
         started, started_at = _now(), datetime.now(UTC)
-        if action is not None:
-            action()
-        fault = Fault(what, started, _now(), started_at, datetime.now(UTC))
-        self.faults.append(fault)
+        result = action() if action is not None else None
+        fault = Fault(what, started, _now(), started_at, datetime.now(UTC), result=result)
+        with self._schedule:
+            self.faults.append(fault)
+            self._schedule.notify_all()
         return fault
+
+    def group_members(self) -> list[str] | None:
+        """The consumer group's members as the coordinator has them: the group.instance.id of
+        a static member, `dynamic` for the others; None when the coordinator cannot say."""
+        # The client must outlive the request: a future of a client already collected never
+        # completes.
+        client = faults.admin()
+        try:
+            description = client.describe_consumer_groups([self.group])[self.group]
+            members = description.result(15).members
+        except Exception as error:  # a coordinator moving or loading: no answer this time
+            logger.debug("cannot describe group %s: %s", self.group, error)
+            return None
+        return sorted(member.group_instance_id or "dynamic" for member in members)
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
@@ -382,23 +537,49 @@ class Run:
                 connection.close()
                 time.sleep(0.5)
 
+    def _may_write(self, written: float, *, last: bool) -> bool:
+        """Whether a writer that has written this fraction of its events may go on: its last
+        transaction only once the fault schedule is over, so that no fault strikes after the
+        writing; the others no more than one step ahead of a schedule that plans its faults
+        (after k of K, up to (k + 1) / (K + 1) of the events), so that a schedule slower than
+        the writing's pace (a broker slow to start) slows the writing with it."""
+        if self.faults_done.is_set():
+            return True
+        if last:
+            return False
+        planned = self.scenario.planned_faults
+        return not planned or written <= (len(self.faults) + 1) / (planned + 1)
+
     def _write(self, writer: int, seconds: float, poison: int) -> None:
         """One writer: the events of the keys k with k % WRITERS == writer, in order. One
         writer per key keeps each key's events in the order of their sequence numbers."""
         try:
             numbers = [n for n in range(self.events) if (n % self.keys) % WRITERS == writer]
+            # Small runs write smaller transactions, so that events keep flowing between
+            # faults rather than in a few bursts.
+            size = max(1, min(EVENTS_PER_TRANSACTION, -(-len(numbers) // MIN_TRANSACTIONS)))
             started = _now()
             poison_producer = _poison_producer() if poison else None
             poisoned = 0
-            for first in range(0, len(numbers), EVENTS_PER_TRANSACTION):
-                batch = numbers[first : first + EVENTS_PER_TRANSACTION]
+            waited = 0.0
+            for first in range(0, len(numbers), size):
+                batch = numbers[first : first + size]
+                waiting = _now()
+                with self._schedule:
+                    self._schedule.wait_for(
+                        partial(
+                            self._may_write, first / len(numbers), last=first + size >= len(numbers)
+                        )
+                    )
+                waited += _now() - waiting
                 self._publish_batch(batch)
                 done = first + len(batch)
                 while poison_producer and poisoned < poison * done // len(numbers):
                     _produce_poison(poison_producer, self.topic, poisoned, self.keys)
                     poisoned += 1
-                if seconds:
-                    # Spread the events over `seconds`, so that faults strike while they flow.
+                if seconds and done < len(numbers):
+                    # Spread the events over `seconds` (each scenario's is about as long as
+                    # its fault schedule), so that faults strike while they flow.
                     ahead = started + seconds * done / len(numbers) - _now()
                     if ahead > 0:
                         time.sleep(ahead)
@@ -408,6 +589,7 @@ class Run:
                     poisoned += 1
                 poison_producer.flush(60)
                 self.extra["poison_records"] = poisoned
+            self.writers_waited.append(waited)
         except BaseException as error:
             self.production_error = error
             raise
@@ -495,6 +677,35 @@ class Run:
             lines.append(f"database sessions unavailable: {error}")
         return lines
 
+    def _in_flight_at_last_fault(self) -> int | None:
+        """How many events were not yet applied in the group when the last fault began
+        (written later, or written and still on their way); None without faults. 0 means
+        the last fault struck after delivery was complete."""
+        if not self.faults:
+            return None
+        last = max(self.faults, key=lambda fault: fault.started)
+        applied = (
+            ScenarioEffect.objects.filter(consumer_group=self.group, applied_at__lt=last.started_at)
+            .values("event_id")
+            .distinct()
+            .count()
+        )
+        return self.events - applied
+
+    def _effects_by_process(self) -> dict[str, int]:
+        """How many effects each process applied (the effect table records the pid)."""
+        names = {pid: p.name for p in self.processes.values() for pid in p.pids}
+        counts: dict[str, int] = {}
+        rows = (
+            ScenarioEffect.objects.filter(consumer_group=self.group)
+            .values_list("pid")
+            .annotate(count=Count("id"))
+        )
+        for pid, count in rows:
+            name = names.get(pid, f"pid {pid}")
+            counts[name] = counts.get(name, 0) + count
+        return counts
+
     def inbox_not_done(self) -> int:
         return InboxMessage.objects.filter(consumer_group=self.group).exclude(status="DONE").count()
 
@@ -516,8 +727,19 @@ class Run:
             scenario.start(self)
             supervisor.start()
             producer.start()
-            scenario.faults(self)
+            try:
+                scenario.faults(self)
+            finally:
+                self.faults_ended = _now()
+                with self._schedule:
+                    self.faults_done.set()
+                    self._schedule.notify_all()
             producer.join()
+            planned = scenario.planned_faults
+            if planned and len(self.faults) != planned:
+                self.extra_problems.append(
+                    f"the schedule logged {len(self.faults)} faults; it plans {planned}"
+                )
             if self.production_error is not None:
                 raise RuntimeError(f"the producer failed: {self.production_error}")
             last_fault_end = max([f.ended for f in self.faults] + [self.production_ended])
@@ -538,6 +760,9 @@ class Run:
                 process.keep_alive = False
             for process in self.processes.values():
                 process.stop()
+        in_flight = self._in_flight_at_last_fault()
+        delivered_before_last_fault = in_flight == 0
+        self.extra["effects_by_process"] = self._effects_by_process()
         scenario.after(self)
         checking = _now()
         report = delivery_check(topic=self.topic, groups=[self.group])
@@ -552,11 +777,22 @@ class Run:
             group=self.group,
             logs=str(self.log_dir),
             kills={p.name: p.kills for p in self.processes.values() if p.kills},
+            killed={
+                p.name: [vars(killed) for killed in p.killed]
+                for p in self.processes.values()
+                if p.killed
+            },
             starts={p.name: p.starts for p in self.processes.values()},
-            fault_log=[
-                f"{f.started_at:%H:%M:%S.%f}"[:-3] + f" +{f.ended - f.started:.1f}s {f.what}"
-                for f in self.faults
-            ],
+            pids={p.name: p.pids for p in self.processes.values()},
+            fault_log=[f.line() for f in self.faults],
+            # Seconds from the start of the run: the writing must end after the faults.
+            faults_ended=round(self.faults_ended - started, 1),
+            production_ended=round(self.production_ended - started, 1),
+            # How long the writers waited for the fault schedule (the schedule slower than
+            # the pace of the writing), the longest of them.
+            writing_waited_for_faults=round(max(self.writers_waited, default=0.0), 1),
+            # Events not yet applied in the group when the last fault began (None: no fault).
+            in_flight_at_last_fault=in_flight,
         )
         return ScenarioResult(
             name=scenario.name,
@@ -566,8 +802,11 @@ class Run:
             faults=len(self.faults),
             seconds=_now() - started,
             complete=complete,
-            seconds_after_last_fault=(completed - last_fault_end) if complete else None,
+            seconds_after_last_fault=(
+                completed - last_fault_end if complete and not delivered_before_last_fault else None
+            ),
             expect_fail=scenario.expect_fail,
+            delivered_before_last_fault=delivered_before_last_fault,
             extra=self.extra,
             extra_problems=self.extra_problems,
         )
@@ -651,8 +890,14 @@ class Scenario:
     heavy: bool
     start: Callable[[Run], None]
     faults: Callable[[Run], None]
-    # Events are spread over this many seconds (0: as fast as the producer can write).
+    # Events are spread over this many seconds (0: as fast as the producer can write): about
+    # as long as the fault schedule usually takes, so that faults strike while events are
+    # written and delivered. The writing never ends before the schedule anyway: each writer's
+    # last transaction waits for it.
     production_seconds: float = 0.0
+    # The entries its fault schedule logs, when their number is fixed: the writers keep no
+    # more than one step ahead of them (Run._may_write). 0: only the last transaction waits.
+    planned_faults: int = 0
     poison: int = 0
     expect_fail: bool = False
     after: Callable[[Run], None] = lambda run: None
@@ -673,6 +918,6 @@ def prepare_database() -> None:
 
 
 def run_scenario(
-    scenario: Scenario, *, events: int, keys: int = 1000, seed: int | None = None
+    scenario: Scenario, *, events: int, keys: int = DEFAULT_KEYS, seed: int | None = None
 ) -> ScenarioResult:
     return Run(scenario, events=events, keys=keys, seed=seed).execute()

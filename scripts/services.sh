@@ -281,10 +281,17 @@ kafka_node_started() {
     && grep -q "Kafka Server started" "$(kafka_node_dir "$1")/kafka.log" 2>/dev/null
 }
 
+# Starts broker N in the background. A broker already running is left as it is (`up`), or,
+# with a second argument `restart` (`kafka-start N`), is an error: a fault test that restarts
+# a broker must know it had been down.
 kafka_start_node() {
-  local node="$1" dir
+  local node="$1" mode="${2:-}" dir
   dir="$(kafka_node_dir "$node")"
-  if kafka_node_running "$node"; then return; fi
+  if kafka_node_running "$node"; then
+    [[ "$mode" != restart ]] || die "kafka node $node is already running (pid $(kafka_node_pid "$node")): nothing to restart"
+    return
+  fi
+  [[ -f "$dir/server.properties" ]] || die "kafka node $node does not exist under $KAFKA_DIR"
   : >"$dir/kafka.log"
   # shellcheck disable=SC2086  # KAFKA_HEAP holds several JVM options
   nohup java $KAFKA_HEAP -XX:+UseG1GC -Djava.awt.headless=true \
@@ -350,18 +357,36 @@ EOF
   log kafka "Apache Kafka $(kafka_version) (KRaft, $KAFKA_BROKERS node(s)) at $(kafka_default_bootstrap)"
 }
 
+# Stops broker N with SIGTERM (controlled shutdown) or SIGKILL and waits until its process is
+# gone; one that ignores SIGTERM for WAIT_SECONDS is killed. A broker that is not running is
+# an error: a fault test must know its fault happened. Leaves the pid it stopped in
+# KAFKA_STOPPED_PID, and KAFKA_STOP_FORCED=1 when SIGTERM had to be followed by SIGKILL.
 kafka_stop_node() {
-  local node="$1" signal="${2:-TERM}" pid
+  local node="$1" signal="${2:-TERM}" pid dir
+  dir="$(kafka_node_dir "$node")"
   pid="$(kafka_node_pid "$node")"
-  if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
-    kill "-$signal" "$pid"
-    local deadline=$((SECONDS + WAIT_SECONDS))
-    while kill -0 "$pid" 2>/dev/null; do
-      ((SECONDS < deadline)) || { kill -KILL "$pid"; break; }
-      sleep 0.2
-    done
+  if [[ -z "$pid" ]] || ! kill -0 "$pid" 2>/dev/null; then
+    rm -f "$dir/kafka.pid"
+    die "kafka node $node is not running${pid:+ (its pid $pid is gone)}: nothing to stop with SIG$signal"
   fi
-  rm -f "$(kafka_node_dir "$node")/kafka.pid"
+  # A pid file left by a broker that died, whose pid another process has taken since.
+  if [[ -r "/proc/$pid/cmdline" ]] \
+    && ! tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF "node-$node/server.properties"; then
+    rm -f "$dir/kafka.pid"
+    die "kafka node $node is not running: its pid $pid now belongs to another process"
+  fi
+  KAFKA_STOPPED_PID="$pid"
+  KAFKA_STOP_FORCED=0
+  kill "-$signal" "$pid"
+  local deadline=$((SECONDS + WAIT_SECONDS))
+  while kill -0 "$pid" 2>/dev/null; do
+    if ((SECONDS >= deadline && ! KAFKA_STOP_FORCED)); then
+      kill -KILL "$pid" 2>/dev/null || true
+      KAFKA_STOP_FORCED=1
+    fi
+    sleep 0.2
+  done
+  rm -f "$dir/kafka.pid"
 }
 
 kafka_down() {
@@ -410,22 +435,40 @@ case "$command" in
     exit "$status"
     ;;
   kafka-start)
-    kafka_start_node "${2:?broker number}"
+    # A restart: the broker must be down. Reports its new pid.
+    kafka_start_node "${2:?broker number}" restart
     wait_for "kafka node $2" kafka_node_started "$2"
+    log kafka "node $2 started: pid $(kafka_node_pid "$2")"
     ;;
-  kafka-stop) kafka_stop_node "${2:?broker number}" TERM ;;
-  kafka-kill) kafka_stop_node "${2:?broker number}" KILL ;;
+  kafka-stop | kafka-kill)
+    # Reports the pid stopped; exits non-zero when the broker was not running.
+    if [[ "$command" == kafka-stop ]]; then signal=TERM; else signal=KILL; fi
+    kafka_stop_node "${2:?broker number}" "$signal"
+    if ((KAFKA_STOP_FORCED)); then
+      log kafka "node $2 stopped: pid $KAFKA_STOPPED_PID, SIG$signal (ignored for ${WAIT_SECONDS}s, then SIGKILL)"
+    else
+      log kafka "node $2 stopped: pid $KAFKA_STOPPED_PID, SIG$signal"
+    fi
+    ;;
   kafka-pause) kill -STOP "$(kafka_node_pid "${2:?broker number}")" ;;
   kafka-resume) kill -CONT "$(kafka_node_pid "${2:?broker number}")" ;;
   postgres-crash)
     # Immediate mode: no checkpoint, clients cut off; recovery replays the WAL at start.
+    # Reports the postmaster's pid; exits non-zero when this project's server is not running.
+    pid="$(head -n 1 "$PG_DATA/postmaster.pid" 2>/dev/null || true)"
+    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null \
+      || die "PostgreSQL is not running from $PG_DATA: nothing to crash"
     as_postgres "$PG_BIN/pg_ctl" -D "$PG_DATA" -m immediate -w stop >/dev/null
+    postmaster_gone() { ! kill -0 "$pid" 2>/dev/null; }
+    wait_for "the end of postmaster $pid" postmaster_gone
+    log postgres "stopped in immediate mode: postmaster pid $pid"
     ;;
   postgres-start)
     parse_database_url
     as_postgres "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t "$WAIT_SECONDS" \
       -o "$(pg_server_options)" start >/dev/null
     wait_for postgres pg_ready
+    log postgres "started: postmaster pid $(head -n 1 "$PG_DATA/postmaster.pid")"
     ;;
   redis-stop) redis_down ;;
   redis-start) redis_up ;;

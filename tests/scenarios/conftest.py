@@ -14,17 +14,21 @@ import pytest
 from django.conf import settings
 
 from scenarios import faults
+from tests.scenarios.limits import (
+    RUN_TIMEOUT_SECONDS,
+    SERVICES_DOWN_SECONDS,
+    SERVICES_UP_SECONDS,
+)
 
 # Events per scenario in the test suite; the full sizes are `make scenarios`'.
 TEST_EVENTS = int(os.environ.get("SCENARIO_TEST_EVENTS", "2000"))
-RUN_TIMEOUT_SECONDS = 900
 
 
 @pytest.fixture(scope="session")
 def isolated_services() -> Iterator[None]:
-    faults.services("up", timeout=900)
+    faults.services("up", timeout=SERVICES_UP_SECONDS)
     yield
-    faults.services("down", timeout=300)
+    faults.services("down", timeout=SERVICES_DOWN_SECONDS)
 
 
 def isolated_env() -> dict[str, str]:

@@ -4,7 +4,9 @@ reports exactly the loss or the duplicates its bug causes."""
 
 import pytest
 
-pytestmark = pytest.mark.kafka
+from tests.scenarios.limits import TEST_TIMEOUT_SECONDS
+
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(TEST_TIMEOUT_SECONDS)]
 
 
 def test_offsets_committed_before_the_database_transaction_lose_events(scenario_run):

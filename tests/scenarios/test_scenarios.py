@@ -1,10 +1,17 @@
 """Every scenario of scenarios/definitions.py at a small N on the isolated 3-broker cluster:
 each must end with 0 lost, 0 duplicate effects, 0 order inversions and nothing stuck, after
-its faults really happened. `make scenarios` runs the same at full size."""
+its faults really happened: each test checks facts that would be false without them (a pid
+that changed, leadership that moved, a recovery PostgreSQL logged, processes that ran).
+`make scenarios` runs the same at full size."""
+
+import itertools
 
 import pytest
 
-pytestmark = pytest.mark.kafka
+from scenarios.definitions import CONCURRENT, WORKER_PROCESSES
+from tests.scenarios.limits import TEST_TIMEOUT_SECONDS
+
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(TEST_TIMEOUT_SECONDS)]
 
 
 def _passes(result: dict, output: str) -> None:
@@ -15,6 +22,15 @@ def _passes(result: dict, output: str) -> None:
     assert result["stuck"] == 0, output
     assert result["passed"], output
     assert result["seconds_after_last_fault"] is not None
+
+
+def _faults_struck_while_events_flowed(result: dict) -> None:
+    # The writing outlasted the fault schedule, and when the last fault began events were
+    # still to be written or delivered.
+    extra = result["extra"]
+    assert extra["production_ended"] >= extra["faults_ended"], extra
+    assert extra["in_flight_at_last_fault"] > 0, extra
+    assert not result["delivered_before_last_fault"]
 
 
 def test_baseline(scenario_run):
@@ -28,7 +44,9 @@ def test_relay_killed_every_2_to_5_seconds(scenario_run):
     code, output, result = scenario_run("relay-kill")
     assert code == 0, output
     _passes(result, output)
-    assert result["extra"]["kills"]["relay-1"] >= 20
+    assert result["extra"]["kills"].get("relay-1", 0) >= 20
+    assert len(set(result["extra"]["pids"]["relay-1"])) >= 21  # a new process after each
+    _faults_struck_while_events_flowed(result)
 
 
 def test_consumers_killed_every_3_seconds(scenario_run):
@@ -36,6 +54,7 @@ def test_consumers_killed_every_3_seconds(scenario_run):
     assert code == 0, output
     _passes(result, output)
     assert sum(result["extra"]["kills"].values()) == 15
+    _faults_struck_while_events_flowed(result)
 
 
 def test_poison_records_are_quarantined_and_the_rest_flows(scenario_run):
@@ -51,14 +70,31 @@ def test_partition_leader_killed_and_restarted_5_rounds(scenario_run):
     code, output, result = scenario_run("leader-kill")
     assert code == 0, output
     _passes(result, output)
-    assert sum("SIGKILL broker" in line for line in result["extra"]["fault_log"]) == 5
+    rounds = result["extra"]["leader_kills"]
+    assert len(rounds) == 5, rounds
+    assert len({r["partition"] for r in rounds}) == 5
+    for kill in rounds:
+        assert kill["broker"] in (1, 2, 3), kill
+        # Another process after the restart, and while the broker was down another broker
+        # led its partition: it had really died.
+        assert kill["restarted_pid"] != kill["killed_pid"], kill
+        assert kill["leader_while_down"] not in (None, -1, kill["broker"]), kill
+    _faults_struck_while_events_flowed(result)
 
 
 def test_clean_rolling_restart(scenario_run):
     code, output, result = scenario_run("rolling-restart")
     assert code == 0, output
     _passes(result, output)
-    assert sum("stop broker" in line for line in result["extra"]["fault_log"]) == 3
+    restarts = result["extra"]["restarts"]
+    assert [r["broker"] for r in restarts] == [1, 2, 3], restarts
+    for restart in restarts:
+        assert restart["started_pid"] != restart["stopped_pid"], restart
+        assert not restart["forced"], restart  # SIGTERM alone ended it: a controlled shutdown
+        leaders = restart["leaders_while_down"]
+        assert leaders, restart
+        assert restart["broker"] not in leaders.values(), restart
+    _faults_struck_while_events_flowed(result)
 
 
 def test_two_brokers_down_for_60_seconds(scenario_run):
@@ -70,35 +106,58 @@ def test_two_brokers_down_for_60_seconds(scenario_run):
     assert result["extra"]["pending_at_outage_end"] > 0
     assert result["extra"]["done_during_outage"] == 0
     assert result["extra"]["done_after_outage"] > 0
+    _faults_struck_while_events_flowed(result)
 
 
 def test_broker_paused_for_40_seconds(scenario_run):
     code, output, result = scenario_run("broker-pause")
     assert code == 0, output
     _passes(result, output)
+    _faults_struck_while_events_flowed(result)
 
 
 def test_three_relays_and_two_beat_schedulers(scenario_run):
     code, output, result = scenario_run("concurrent-relays")
     assert code == 0, output
     _passes(result, output)
-    assert {"relay-1", "relay-2", "relay-3", "beat-1", "beat-2", "worker-1"} <= set(
-        result["extra"]["starts"]
-    )
+    extra = result["extra"]
+    # Each ran from the start to the end, never restarted.
+    assert {name: extra["starts"].get(name) for name in CONCURRENT} == dict.fromkeys(CONCURRENT, 1)
+    seen = extra["concurrent"]
+    for relay in ("relay-1", "relay-2", "relay-3"):
+        assert seen[relay]["started"] == 1, seen
+        assert seen[relay]["published"] > 0, seen
+    for beat in ("beat-1", "beat-2"):
+        assert seen[beat]["sent"] > 0, seen
+    assert seen["worker-1"]["relay_tasks"] > 0, seen
+    _faults_struck_while_events_flowed(result)
 
 
 def test_rebalance_storm(scenario_run):
     code, output, result = scenario_run("rebalance-storm")
     assert code == 0, output
     _passes(result, output)
-    assert sum("joins" in line for line in result["extra"]["fault_log"]) >= 5
+    extra = result["extra"]
+    assert sum("joins" in line for line in extra["fault_log"]) >= 5
+    # Joining consumers were members of the group and applied events.
+    assert extra["most_dynamic_members"] >= 1, extra["group_members"]
+    assert extra["dynamic_consumers_applying"], extra["effects_by_process"]
+    _faults_struck_while_events_flowed(result)
 
 
 def test_postgres_crashed_three_times(scenario_run):
     code, output, result = scenario_run("postgres-crash")
     assert code == 0, output
     _passes(result, output)
-    assert sum("immediate shutdown" in line for line in result["extra"]["fault_log"]) == 3
+    crashes = result["extra"]["postgres_crashes"]
+    assert len(crashes) == 3, crashes
+    for crash in crashes:
+        # A new postmaster each time, which recovered from the WAL: the shutdown was a crash.
+        assert crash["started_pid"] != crash["crashed_pid"], crash
+        assert crash["recovered"], crash
+    for before, after in itertools.pairwise(crashes):
+        assert after["crashed_pid"] == before["started_pid"], crashes
+    _faults_struck_while_events_flowed(result)
 
 
 def test_celery_worker_killed_and_redis_restarted(scenario_run):
@@ -106,3 +165,10 @@ def test_celery_worker_killed_and_redis_restarted(scenario_run):
     assert code == 0, output
     _passes(result, output)
     assert result["extra"]["kills"]["worker-1"] == 3
+    for killed in result["extra"]["killed"]["worker-1"]:
+        # The worker with its pool; the signal reached each of its processes (none was alive
+        # and untouched when the worker itself had died), and none outlived it.
+        assert len(killed["group"]) >= WORKER_PROCESSES, killed
+        assert killed["spared"] == [], killed
+        assert killed["survivors"] == [], killed
+    _faults_struck_while_events_flowed(result)

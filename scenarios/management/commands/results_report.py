@@ -21,7 +21,9 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
-from scenarios.definitions import SCENARIOS, SUITE
+from scenarios.definitions import OUTAGE_GRACE_SECONDS, SCENARIOS, SUITE
+from scenarios.management.commands.scenario_run import after_last_fault
+from scenarios.runner import DEFAULT_KEYS
 
 BENCH_TIMEOUT_SECONDS = 3 * 3600
 SCENARIOS_TIMEOUT_SECONDS = 6 * 3600
@@ -96,13 +98,17 @@ def _scenario_table(results: list[dict[str, Any]]) -> list[str]:
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for result in results:
-        after = result["seconds_after_last_fault"]
+        after = after_last_fault(
+            result["seconds_after_last_fault"],
+            complete=result["complete"],
+            before=result.get("delivered_before_last_fault", False),
+        )
         title = SCENARIOS[result["name"]].title if result["name"] in SCENARIOS else ""
         lines.append(
             f"| {result['name']}: {title} | {result['events']:,} | {result['lost']} | "
             f"{result['duplicate_effects']} | {result['log_duplicates']} | "
             f"{result['inversions']} | {result['stuck']} | {result['faults']} | "
-            f"{'incomplete' if after is None else f'{after:.1f} s'} | "
+            f"{after} | "
             f"{result['seconds']:.0f} s | {'PASS' if result['passed'] else 'FAIL'} |"
         )
     return lines
@@ -185,10 +191,12 @@ class Command(BaseCommand):
             "## Delivery under faults",
             "",
             f"Command: `{_command_line(scenarios)}` (exit code {scenarios.returncode}, "
-            f"{scenarios.seconds / 60:.0f} min). Each scenario writes N events on 1,000 keys "
-            "with per-key sequence numbers through `outbox.publish`; the delivery checker then "
-            "reads the outbox, the whole Kafka log (read_committed) and the inbox and effect "
-            "tables. See docs/scenarios.md.",
+            f"{scenarios.seconds / 60:.0f} min). Each scenario writes N events on "
+            f"{_keys(results)} keys with per-key sequence numbers through `outbox.publish`; the "
+            "delivery checker then reads the outbox, the whole Kafka log (read_committed) and "
+            'the inbox and effect tables. "Before last fault": every event had been applied '
+            "before the last fault began, so there is no time to report. See "
+            "docs/scenarios.md.",
             "",
             *(_scenario_table(results) if results else ["No scenario result was written."]),
             "",
@@ -203,8 +211,8 @@ class Command(BaseCommand):
                 extra_notes.append(
                     f"- two-brokers-down: rows marked DONE during the outage "
                     f"({extra['outage']['start']} to {extra['outage']['end']}, "
-                    f"2 s grace): {extra['done_during_outage']}; events waiting at its end: "
-                    f"{extra['pending_at_outage_end']}"
+                    f"{OUTAGE_GRACE_SECONDS:g} s grace): {extra['done_during_outage']}; "
+                    f"events waiting at its end: {extra['pending_at_outage_end']}"
                 )
             if "poison_failed_rows" in extra:
                 extra_notes.append(
@@ -214,6 +222,11 @@ class Command(BaseCommand):
             if extra.get("stall"):
                 extra_notes.append(
                     f"- {result['name']}, when it stalled: {'; '.join(extra['stall'])}"
+                )
+            if result.get("delivered_before_last_fault"):
+                extra_notes.append(
+                    f"- {result['name']}: every event was applied before the last fault began "
+                    "(it struck an idle system)"
                 )
             if extra.get("kills"):
                 kills = ", ".join(f"{name} x{count}" for name, count in extra["kills"].items())
@@ -234,6 +247,12 @@ class Command(BaseCommand):
                 "",
             ]
         return "\n".join(lines)
+
+
+def _keys(results: list[dict[str, Any]]) -> str:
+    """The number of keys of the runs, as the results give it."""
+    keys = sorted({result["keys"] for result in results}) or [DEFAULT_KEYS]
+    return " or ".join(f"{count:,}" for count in keys)
 
 
 def _analytics_database_url() -> str:

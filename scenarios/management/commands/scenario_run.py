@@ -19,7 +19,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from scenarios import faults
 from scenarios.definitions import SCENARIOS, SUITE, pick
-from scenarios.runner import ScenarioResult, prepare_database, run_scenario
+from scenarios.runner import DEFAULT_KEYS, ScenarioResult, prepare_database, run_scenario
 
 COLUMNS = (
     ("scenario", 28),
@@ -30,7 +30,7 @@ COLUMNS = (
     ("invers", 6),
     ("stuck", 5),
     ("faults", 6),
-    ("after last fault", 16),
+    ("after last fault", 17),
     ("total", 7),
     ("result", 6),
 )
@@ -42,11 +42,21 @@ def table_header() -> str:
     )
 
 
+def after_last_fault(seconds: float | None, *, complete: bool, before: bool) -> str:
+    """The "after last fault" cell: a time, or why there is none."""
+    if not complete:
+        return "incomplete"
+    if before:
+        # Every event was applied before the last fault began: no time to report.
+        return "before last fault"
+    return f"{seconds:.1f} s" if seconds is not None else "-"
+
+
 def table_row(result: ScenarioResult) -> str:
-    after = (
-        f"{result.seconds_after_last_fault:.1f} s"
-        if result.seconds_after_last_fault is not None
-        else "incomplete"
+    after = after_last_fault(
+        result.seconds_after_last_fault,
+        complete=result.complete,
+        before=result.delivered_before_last_fault,
     )
     verdict = "PASS" if result.passed else "FAIL"
     if result.expect_fail:
@@ -76,7 +86,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("names", nargs="*", help=f"Default: {' '.join(SUITE)}")
         parser.add_argument("--events", type=int, help="Default: each scenario's full size.")
-        parser.add_argument("--keys", type=int, default=1000)
+        parser.add_argument("--keys", type=int, default=DEFAULT_KEYS)
         parser.add_argument("--seed", type=int)
         parser.add_argument("--json", help="Also write the results to this file.")
         parser.add_argument("--list", action="store_true", help="List the scenarios and exit.")
@@ -115,6 +125,11 @@ class Command(BaseCommand):
                 self.stdout.write(table_row(result))
                 if not result.passed:
                     self.stdout.write("    " + "; ".join(result.problems()))
+                if result.delivered_before_last_fault:
+                    self.stdout.write(
+                        "    every event was applied before the last fault began: it struck "
+                        "an idle system"
+                    )
                 self.stdout.flush()
                 if options["json"]:
                     self._write_json(Path(options["json"]), results)
