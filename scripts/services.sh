@@ -216,12 +216,19 @@ redis_status() {
 
 # --- Apache Kafka (KRaft) ----------------------------------------------------------------
 
+require_java() {
+  command -v java >/dev/null || die "java not found: Apache Kafka needs Java 17 (Debian: apt-get install openjdk-17-jre-headless)"
+  local major
+  major="$(java -version 2>&1 | sed -n 's/.* version "\([0-9]*\).*/\1/p' | head -n 1)"
+  ((${major:-0} >= 17)) || die "Apache Kafka 4 needs Java 17 or newer; 'java -version' says: $(java -version 2>&1 | head -n 1)"
+}
+
 kafka_version() { sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$PROJECT_DIR/scripts/kafka/pom.xml"; }
 
 kafka_fetch() {
   local version; version="$(kafka_version)"
   if [[ -f "$KAFKA_LIBS/kafka_2.13-$version.jar" ]]; then return; fi
-  command -v java >/dev/null || die "java not found: Apache Kafka needs Java 17 (Debian: apt-get install openjdk-17-jre-headless)"
+  require_java
   command -v mvn >/dev/null || die "mvn not found: Kafka's jars are fetched from Maven Central with Maven (Debian: apt-get install maven)"
   log kafka "fetching Apache Kafka $version from Maven Central"
   rm -rf "$KAFKA_LIBS.tmp"
@@ -233,7 +240,7 @@ kafka_fetch() {
 }
 
 kafka_java() {
-  command -v java >/dev/null || die "java not found: Apache Kafka needs Java 17 (Debian: apt-get install openjdk-17-jre-headless)"
+  require_java
   java -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" -cp "$KAFKA_LIBS/*" "$@"
 }
 
@@ -313,7 +320,7 @@ kafka_up() {
     die "a ${running_mode}-node Kafka started by this project is running; run 'make services-down' before asking for $KAFKA_BROKERS"
   fi
   [[ "$KAFKA_BROKERS" == 1 || "$KAFKA_BROKERS" == 3 ]] || die "KAFKA_BROKERS must be 1 or 3, got '$KAFKA_BROKERS'"
-  command -v java >/dev/null || die "java not found: Apache Kafka needs Java 17 (Debian: apt-get install openjdk-17-jre-headless)"
+  require_java
   kafka_fetch
   mkdir -p "$KAFKA_DIR"
   cat >"$KAFKA_DIR/log4j2.properties" <<'EOF'
