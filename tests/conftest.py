@@ -5,6 +5,7 @@ import re
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -26,18 +27,24 @@ def _kafka_version_from_broker_log() -> str:
     return "unknown (broker not started by scripts/services.sh)"
 
 
+def connect_outside_django(database: dict[str, Any], **options: Any) -> psycopg.Connection:
+    """A connection of its own to the database Django's settings_dict `database` names, for
+    tests that need a second session."""
+    return psycopg.connect(
+        host=database["HOST"],
+        port=database["PORT"] or 5432,
+        user=database["USER"],
+        password=database["PASSWORD"],
+        dbname=database["NAME"],
+        **options,
+    )
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = []
     database = settings.DATABASES["default"]
     try:
-        with psycopg.connect(
-            host=database["HOST"],
-            port=database["PORT"] or 5432,
-            user=database["USER"],
-            password=database["PASSWORD"],
-            dbname=database["NAME"],
-            connect_timeout=5,
-        ) as connection:
+        with connect_outside_django(database, connect_timeout=5) as connection:
             row = connection.execute("SHOW server_version").fetchone()
         lines.append(f"postgresql: {row[0] if row else '?'} at {database['HOST']}")
     except psycopg.Error as error:

@@ -23,6 +23,7 @@ from inbox.services import (
     inbox_messages_retry_due,
     retry_delay_seconds,
 )
+from tests.conftest import connect_outside_django
 from tests.inbox.conftest import effect_counts, record_effect
 from tests.inbox.factories import Event
 
@@ -356,7 +357,6 @@ def test_a_handler_s_message_carries_the_id_of_its_row(inbox_registry):
 def test_an_event_recorded_by_another_transaction_meanwhile_rolls_the_batch_back(
     inbox_registry, effects
 ):
-    import psycopg
     from django.db import connection
 
     from inbox.errors import ConcurrentDelivery
@@ -373,14 +373,7 @@ def test_an_event_recorded_by_another_transaction_meanwhile_rolls_the_batch_back
     def record_elsewhere(message):
         # Another consumer of the same partition (its session expired but it went on)
         # records the event and commits while this transaction runs the handler.
-        with psycopg.connect(
-            host=database["HOST"],
-            port=database["PORT"] or 5432,
-            user=database["USER"],
-            password=database["PASSWORD"],
-            dbname=database["NAME"],
-            autocommit=True,
-        ) as elsewhere:
+        with connect_outside_django(database, autocommit=True) as elsewhere:
             # Were this transaction's row inserted already, the INSERT would wait for it.
             elsewhere.execute("SET lock_timeout = '5s'")
             elsewhere.execute(
