@@ -33,11 +33,11 @@ test: venv services-up spark-jars browser-deps
 spark-jars:
 	@scripts/spark-jars.sh
 
-# Generates 1M events in the database outbox_analytics_bench and times the analytics job on them.
+# Generates 1M events in the database <dev db>_analytics_bench (created if missing) and times
+# the analytics job on them.
 BENCH_EVENTS ?= 1000000
 bench-analytics: venv services-up spark-jars
-	DATABASE_URL=postgres://outbox:outbox@127.0.0.1:5432/outbox_analytics_bench \
-	  $(BIN)/python manage.py analytics_bench --events $(BENCH_EVENTS)
+	$(BIN)/python benchmarks/analytics_bench.py --events $(BENCH_EVENTS)
 
 # One inbox consumer process: 100k events of 1 KB on 6 partitions, rates on new events, on
 # duplicates and of a naive per-message-commit consumer. BENCH_INBOX_ARGS="--events 20000".

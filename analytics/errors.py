@@ -16,7 +16,3 @@ class SourceUnreachable(AnalyticsError):
     """The database or the Kafka broker that the job reads did not answer."""
 
     code = "source_unreachable"
-
-
-class RunNotPermitted(AnalyticsError):
-    code = "not_permitted"

@@ -6,6 +6,13 @@ from django.db import models
 from django.utils import timezone
 
 
+class AnalyticsRunPermission(models.TextChoices):
+    """The permissions on analytics runs, declared once; code names them by member."""
+
+    # Starting a run (admin button, API) is an operator action with its own permission.
+    RUN = "analytics.run_analytics", "Can start an analytics run"
+
+
 class AnalyticsRun(models.Model):
     class Status(models.TextChoices):
         RUNNING = "RUNNING", "Running"
@@ -41,8 +48,10 @@ class AnalyticsRun(models.Model):
     class Meta:
         db_table = "analytics_run"
         ordering = ("-started_at",)
-        # Starting a run (admin button, API) is an operator action with its own permission.
-        permissions = (("run_analytics", "Can start an analytics run"),)
+        permissions = tuple(
+            (permission.value.partition(".")[2], permission.label)
+            for permission in AnalyticsRunPermission
+        )
         indexes = (
             models.Index(fields=("window_start", "window_end"), name="analytics_run_window_idx"),
             models.Index(fields=("status", "started_at"), name="analytics_run_status_idx"),

@@ -3,7 +3,6 @@
 import logging
 import time
 import zlib
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +10,7 @@ from django.conf import settings
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from analytics.errors import InvalidWindow, RunNotPermitted
+from analytics.errors import InvalidWindow
 from analytics.jobs import JdbcSource, JobConfig, JobResult, run_job
 from analytics.models import (
     AnalyticsRun,
@@ -31,9 +30,6 @@ RESULT_MODELS = (DeliveryLagStat, DuplicateStat, RelayStat, ReconciliationFindin
 # pg_advisory_xact_lock's first key: this app's namespace; the second is the window's hash.
 ADVISORY_LOCK_NAMESPACE = 0x414E41  # "ANA"
 BULK_BATCH_SIZE = 1000
-RUN_PERMISSION = "analytics.run_analytics"
-# The console's audit log (outbox.OperatorAction) names this action.
-RUN_ACTION = "analytics.run"
 
 
 def analytics_window_default(*, now: datetime | None = None) -> tuple[datetime, datetime]:
@@ -149,50 +145,23 @@ def analytics_window_check(*, since: datetime, until: datetime) -> None:
         raise InvalidWindow(f"The window is empty: since ({since}) is not before until ({until}).")
 
 
-@dataclass(frozen=True)
-class RunRequest:
-    since: datetime
-    until: datetime
-    audit_id: int
-
-
-def analytics_run_request(
-    *,
-    user: Any,
-    source: str,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    note: str = "",
-) -> RunRequest:
-    """An operator asks for a run (admin button, API): checks the permission, writes the
-    console's audit entry and queues the Celery task once the transaction commits. Without
-    a window, the last one the SLA has closed (the beat's window)."""
+def analytics_run_queue(
+    *, trigger: str, since: datetime | None = None, until: datetime | None = None
+) -> tuple[datetime, datetime]:
+    """Queues the Celery task on [since, until) once the caller's transaction commits, and
+    returns the window. Without one, the last window the SLA has closed (the beat's)."""
     from analytics.tasks import run_analytics
-    from outbox.services import operator_action_record
 
-    if not user.has_perm(RUN_PERMISSION):
-        raise RunNotPermitted(f"Starting an analytics run needs the permission {RUN_PERMISSION!r}.")
     if (since is None) != (until is None):
         raise InvalidWindow("Give both since and until, or neither for the last closed window.")
     if since is None or until is None:
         since, until = analytics_window_default()
     analytics_window_check(since=since, until=until)
-    trigger = AnalyticsRun.Trigger.API if source == "api" else AnalyticsRun.Trigger.ADMIN
-    record = operator_action_record(
-        user=user,
-        action=RUN_ACTION,
-        model=AnalyticsRun._meta.label,
-        source=source,
-        requested=1,
-        filters={"since": since.isoformat(), "until": until.isoformat()},
-        note=note,
-    )
+    window = (since.isoformat(), until.isoformat())
     transaction.on_commit(
-        lambda: run_analytics.delay(
-            trigger=trigger, since=since.isoformat(), until=until.isoformat()
-        )
+        lambda: run_analytics.delay(trigger=trigger, since=window[0], until=window[1])
     )
-    return RunRequest(since=since, until=until, audit_id=record.pk)
+    return since, until
 
 
 def _window_lock_key(run: AnalyticsRun) -> int:

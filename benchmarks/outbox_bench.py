@@ -89,7 +89,7 @@ def measure_drain(topic: str, count: int, batch_size: int) -> float:
     from django.db import transaction
     from django.utils import timezone
 
-    from outbox.services import Delivery, outbox_events_claim, outbox_events_mark_published
+    from outbox.services.claims import Delivery, outbox_events_claim, outbox_events_mark_published
 
     insert_events(topic, count)
     started = time.perf_counter()
@@ -117,7 +117,7 @@ def measure_claim_behind_backlog(topic: str, count: int, keys: int, batch_size: 
     """Milliseconds a claim takes when `count` events queue on `keys` keys and another relay
     holds the next event of every key: it finds nothing to take, and must find that fast."""
     from outbox.models import OutboxEvent
-    from outbox.services import outbox_events_claim
+    from outbox.services.claims import outbox_events_claim
 
     insert_events(topic, count, keys)
     held = outbox_events_claim(relay_id="bench-holder", batch_size=keys)

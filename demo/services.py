@@ -16,7 +16,8 @@ from demo.models import Delivery, Payment
 from inbox.models import InboxMessage
 from outbox.models import OutboxEvent
 from outbox.relay import record_headers
-from outbox.services import ClaimedEvent, encode_payload
+from outbox.services.claims import ClaimedEvent
+from outbox.services.publish import encode_payload
 
 
 def payment_complete(*, order_id: str, amount: Decimal) -> Payment:

@@ -25,7 +25,7 @@ from inbox.metrics import BATCH_SECONDS
 from inbox.records import parse_record
 from inbox.registry import HandlerRegistry, get_registry
 from inbox.selectors import consumer_offsets_for
-from inbox.services import BatchResult, inbox_message_record_batch
+from inbox.services.recording import BatchResult, inbox_message_record_batch
 
 logger = logging.getLogger(__name__)
 

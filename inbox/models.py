@@ -4,6 +4,16 @@ from django.db.models import Q
 from django.utils import timezone
 
 
+class InboxMessagePermission(models.TextChoices):
+    """Every permission on inbox messages, declared once; code names them by member
+    (`user.has_perm(InboxMessagePermission.RETRY)`). Each guards one operator action; the view
+    permission is Django's default."""
+
+    RETRY = "inbox.retry_inboxmessage", "Can retry inbox messages"
+    REPLAY = "inbox.replay_inboxmessage", "Can replay inbox messages"
+    DISCARD = "inbox.discard_inboxmessage", "Can discard inbox messages"
+
+
 class InboxMessage(models.Model):
     """One event as a consumer group received it: the dedup record and the retry queue.
 
@@ -47,6 +57,10 @@ class InboxMessage(models.Model):
     class Meta:
         db_table = "inbox_message"
         ordering = ("-received_at",)
+        permissions = tuple(
+            (permission.value.partition(".")[2], permission.label)
+            for permission in InboxMessagePermission
+        )
         constraints = (
             models.UniqueConstraint(
                 fields=("consumer_group", "event_id"), name="inbox_message_group_event_uniq"

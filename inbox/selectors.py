@@ -2,7 +2,7 @@
 
 from collections.abc import Iterable
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count
 from django.utils import timezone
 
 from inbox.models import ConsumerOffset, InboxMessage
@@ -16,17 +16,6 @@ def inbox_message_ids_due_for_retry(*, limit: int) -> list[int]:
         .order_by("next_attempt_at")
         .values_list("id", flat=True)[:limit]
     )
-
-
-def inbox_message_list(
-    *, consumer_group: str | None = None, status: str | None = None
-) -> QuerySet[InboxMessage]:
-    messages = InboxMessage.objects.all()
-    if consumer_group is not None:
-        messages = messages.filter(consumer_group=consumer_group)
-    if status is not None:
-        messages = messages.filter(status=status)
-    return messages
 
 
 def inbox_message_counts_by_status(*, consumer_group: str) -> dict[str, int]:

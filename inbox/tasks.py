@@ -3,7 +3,8 @@ project/settings/schedule.py."""
 
 from celery import shared_task
 
-from inbox.services import inbox_messages_purge_processed, inbox_messages_retry_due
+from inbox.services.retention import inbox_messages_purge_processed
+from inbox.services.retries import inbox_messages_retry_due
 
 
 @shared_task(ignore_result=True)

@@ -19,9 +19,9 @@ def publish(
     headers: Mapping[str, Any] | None = None,
     event_id: uuid.UUID | str | None = None,
 ) -> "OutboxEvent":
-    """Records an event in the current database transaction; see outbox.services."""
+    """Records an event in the current database transaction; see outbox.services.publish."""
     # Imported here: this package is imported while Django loads its apps, before models can be.
-    from outbox.services import outbox_event_publish
+    from outbox.services.publish import outbox_event_publish
 
     return outbox_event_publish(
         aggregate_type=aggregate_type,

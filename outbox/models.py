@@ -1,6 +1,5 @@
 import uuid
 
-from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.db.models import Q
@@ -8,6 +7,17 @@ from django.utils import timezone
 
 # Allocated by PostgreSQL at insert; orders the events of one key (see OutboxEvent.position).
 POSITION_SEQUENCE = "outbox_event_position_seq"
+
+
+class OutboxEventPermission(models.TextChoices):
+    """Every permission on outbox events, declared once; code names them by member
+    (`user.has_perm(OutboxEventPermission.RETRY)`). Each guards one operator action, so a role can
+    retry but not discard or replay; the view permission is Django's default."""
+
+    RETRY = "outbox.retry_outboxevent", "Can retry outbox events"
+    DISCARD = "outbox.discard_outboxevent", "Can discard outbox events"
+    REPLAY = "outbox.replay_outboxevent", "Can replay outbox events"
+    RELEASE_KEY = "outbox.release_outboxkey", "Can release quarantined outbox keys"
 
 
 class OutboxEvent(models.Model):
@@ -55,6 +65,10 @@ class OutboxEvent(models.Model):
     class Meta:
         db_table = "outbox_event"
         ordering = ("-created_at",)
+        permissions = tuple(
+            (permission.value.partition(".")[2], permission.label)
+            for permission in OutboxEventPermission
+        )
         indexes = (
             # The relay's claim: due PENDING rows in creation order.
             models.Index(
@@ -84,65 +98,3 @@ class OutboxEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event_type} {self.id} ({self.status})"
-
-
-class OperatorAction(models.Model):
-    """The console's audit log: one row per operator action, from the admin or the API.
-
-    It also carries the permissions of the actions, one per action, so that a role can be
-    allowed to retry but not to discard or replay.
-    """
-
-    class Action(models.TextChoices):
-        OUTBOX_RETRY = "outbox.retry", "Retry outbox events"
-        OUTBOX_DISCARD = "outbox.discard", "Discard outbox events"
-        OUTBOX_REPLAY = "outbox.replay", "Replay outbox events (same event id)"
-        OUTBOX_REPLAY_NEW_ID = "outbox.replay_new_id", "Replay outbox events (new event id)"
-        OUTBOX_KEY_RELEASE = "outbox.release_key", "Release a quarantined key"
-        INBOX_RETRY = "inbox.retry", "Retry inbox messages"
-        INBOX_REPLAY = "inbox.replay", "Replay inbox messages"
-        INBOX_DISCARD = "inbox.discard", "Discard inbox messages"
-
-    class Source(models.TextChoices):
-        ADMIN = "admin", "Admin"
-        API = "api", "API"
-
-    # Ids kept per row; a bulk action over more rows keeps its filter and its count.
-    MAX_STORED_IDS = 1000
-
-    created_at = models.DateTimeField(default=timezone.now, db_index=True)
-    user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    # Kept as text too: the log outlives a deleted user.
-    username = models.CharField(max_length=150)
-    action = models.CharField(max_length=32, choices=Action.choices)
-    model = models.CharField(max_length=64)
-    source = models.CharField(max_length=8, choices=Source.choices)
-    # Rows the operator asked for (ids frozen at submit), and rows the services changed.
-    requested = models.PositiveIntegerField(default=0)
-    changed = models.PositiveIntegerField(default=0)
-    object_ids = models.JSONField(default=list, blank=True)
-    filters = models.JSONField(default=dict, blank=True)
-    note = models.TextField(blank=True, default="")
-    # Chunks still queued in Celery for a large action; 0 when it is complete.
-    chunks_pending = models.PositiveIntegerField(default=0)
-
-    class Meta:
-        db_table = "outbox_operator_action"
-        ordering = ("-created_at",)
-        default_permissions = ("view",)
-        permissions = (
-            ("retry_outboxevent", "Can retry outbox events"),
-            ("discard_outboxevent", "Can discard outbox events"),
-            ("replay_outboxevent", "Can replay outbox events"),
-            ("release_outboxkey", "Can release quarantined outbox keys"),
-            ("retry_inboxmessage", "Can retry inbox messages"),
-            ("replay_inboxmessage", "Can replay inbox messages"),
-            ("discard_inboxmessage", "Can discard inbox messages"),
-        )
-
-    def __str__(self) -> str:
-        return (
-            f"{self.username} {self.action} x{self.requested} at {self.created_at:%Y-%m-%d %H:%M}"
-        )

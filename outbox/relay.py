@@ -19,7 +19,7 @@ from django.db import transaction
 
 from outbox import metrics
 from outbox.producer import RelayProducer, discard_producer, get_producer
-from outbox.services import (
+from outbox.services.claims import (
     ClaimedEvent,
     Delivery,
     DeliveryFailure,

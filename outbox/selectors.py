@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connection
-from django.db.models import Count, Min
+from django.db.models import Min
 from django.utils import timezone
 
 from outbox.models import OutboxEvent
@@ -65,13 +65,6 @@ def outbox_quarantined_keys(*, limit: int = 100) -> list[QuarantinedKey]:
         )
         for row in rows
     ]
-
-
-def outbox_status_counts() -> dict[str, int]:
-    counts = dict.fromkeys(OutboxEvent.Status.values, 0)
-    for row in OutboxEvent.objects.order_by().values("status").annotate(count=Count("id")):
-        counts[row["status"]] = row["count"]
-    return counts
 
 
 def outbox_oldest_pending_age_seconds() -> float | None:

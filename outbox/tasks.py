@@ -9,7 +9,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from outbox.relay import Relay, transactional_id_for
-from outbox.services import outbox_events_purge_published
+from outbox.services.retention import outbox_events_purge_published
 
 
 def _worker_slot() -> str:

@@ -2,15 +2,15 @@ from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from project.health import health_view
-from project.metrics import metrics_view
+from console.health import health_view
+from console.metrics import metrics_view
 
-handler404 = "project.api.views.not_found"
+handler404 = "console.api.stats.not_found"
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="admin:index", permanent=False)),
     path("admin/", admin.site.urls),
-    path("api/", include("project.api.urls")),
+    path("api/", include("console.api.urls")),
     path("metrics", metrics_view, name="metrics"),
     path("health/", health_view, name="health"),
 ]

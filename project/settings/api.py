@@ -8,12 +8,12 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.TokenAuthentication",
     ),
     # Every endpoint needs a user; reads need the model's view permission, actions their own.
-    "DEFAULT_PERMISSION_CLASSES": ("project.api.permissions.ConsolePermission",),
-    "DEFAULT_PAGINATION_CLASS": "project.api.pagination.ConsoleCursorPagination",
+    "DEFAULT_PERMISSION_CLASSES": ("console.api.permissions.ConsolePermission",),
+    "DEFAULT_PAGINATION_CLASS": "console.api.pagination.ConsoleCursorPagination",
     "PAGE_SIZE": env.int("API_PAGE_SIZE", default=50),
-    "DEFAULT_FILTER_BACKENDS": ("project.api.filters.StrictFilterBackend",),
+    "DEFAULT_FILTER_BACKENDS": ("console.api.filters.StrictFilterBackend",),
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "project.api.exceptions.api_exception_handler",
+    "EXCEPTION_HANDLER": "console.api.exceptions.api_exception_handler",
     "DEFAULT_RENDERER_CLASSES": (
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
@@ -58,7 +58,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=256
 API_BULK_MAX_IDS = env.int("API_BULK_MAX_IDS", default=1000)
 
 # Bulk actions run synchronously up to one chunk; larger sets are frozen into chunks of this
-# many ids, each a Celery task (project.operations), tracked in the audit log.
+# many ids, each a Celery task (console.tasks), tracked in the audit log.
 CONSOLE_BULK_CHUNK_SIZE = env.int("CONSOLE_BULK_CHUNK_SIZE", default=1000)
 # A bulk action refuses a filter that matches more rows than this; narrow the filter.
 CONSOLE_BULK_MAX_ROWS = env.int("CONSOLE_BULK_MAX_ROWS", default=1_000_000)
@@ -84,6 +84,3 @@ CONSOLE_PENDING_AGE_SECONDS = env.list(
 )
 # /metrics needs `Authorization: Bearer <token>` when this is set.
 METRICS_TOKEN = env("METRICS_TOKEN", default="")
-
-# The console's chunk tasks are registered in every worker.
-CELERY_IMPORTS = ("project.operations",)

@@ -19,6 +19,8 @@ ALLOWED_HOSTS: list[str] = env.list("ALLOWED_HOSTS", default=["localhost", "127.
 CSRF_TRUSTED_ORIGINS: list[str] = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
 INSTALLED_APPS = [
+    # The console's templates override Unfold's admin index (the dashboard): it comes first.
+    "console",
     # Unfold's admin theme must come before django.contrib.admin.
     "unfold",
     "unfold.contrib.filters",
@@ -50,7 +52,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     # API request bodies over DATA_UPLOAD_MAX_MEMORY_SIZE get 400 and a JSON error
     # (code request_too_large), as Django answers a body over the limit elsewhere.
-    "project.api.middleware.BodySizeLimitMiddleware",
+    "console.api.middleware.BodySizeLimitMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -66,7 +68,7 @@ ASGI_APPLICATION = "project.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "project" / "templates"],
+        "DIRS": [],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -109,5 +111,5 @@ UNFOLD = {
     "SITE_TITLE": "Event delivery",
     "SITE_HEADER": "Event delivery",
     # The dashboard: counts, rates, failures, quarantined keys, consumer lag, health.
-    "DASHBOARD_CALLBACK": "project.dashboard.dashboard_callback",
+    "DASHBOARD_CALLBACK": "console.dashboard.dashboard_callback",
 }

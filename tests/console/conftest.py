@@ -19,16 +19,16 @@ from outbox.models import OutboxEvent
 VIEW_PERMISSIONS = (
     "outbox.view_outboxevent",
     "inbox.view_inboxmessage",
-    "outbox.view_operatoraction",
+    "console.view_operatoraction",
 )
 ACTION_PERMISSIONS = (
     "outbox.retry_outboxevent",
     "outbox.discard_outboxevent",
     "outbox.replay_outboxevent",
     "outbox.release_outboxkey",
-    "outbox.retry_inboxmessage",
-    "outbox.replay_inboxmessage",
-    "outbox.discard_inboxmessage",
+    "inbox.retry_inboxmessage",
+    "inbox.replay_inboxmessage",
+    "inbox.discard_inboxmessage",
 )
 
 

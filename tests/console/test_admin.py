@@ -4,8 +4,9 @@ its permission, the retry of everything matching a filter, and the audit log."""
 import pytest
 from django.test import Client
 
+from console.models import OperatorAction
 from inbox.models import InboxMessage
-from outbox.models import OperatorAction, OutboxEvent
+from outbox.models import OutboxEvent
 from tests.console.conftest import VIEW_PERMISSIONS
 
 pytestmark = pytest.mark.django_db
@@ -128,6 +129,16 @@ def test_inbox_list_and_detail(viewer, make_message):
     assert "DemoFailure" in detail
 
 
+def test_retry_all_matching_is_offered_to_those_who_may_retry(make_user, make_message):
+    make_message(InboxMessage.Status.FAILED)
+    failed = {"status__exact": "FAILED"}
+    viewer = logged_in(make_user(*VIEW_PERMISSIONS))
+    assert "retry-matching" not in viewer.get(MESSAGES, failed).content.decode()
+    retrier = logged_in(make_user(*VIEW_PERMISSIONS, "inbox.retry_inboxmessage"))
+    link = f'href="{MESSAGES}retry-matching/?status__exact=FAILED"'
+    assert link in retrier.get(MESSAGES, failed).content.decode()
+
+
 def _post_action(client, url, action, ids):
     return client.post(url, {"action": action, "_selected_action": [str(i) for i in ids]})
 
@@ -211,7 +222,7 @@ def test_a_refused_transition_is_a_message_not_an_error_page(operator, make_even
 def test_retry_matching_counts_confirms_and_freezes_the_ids(
     operator, make_event, settings, monkeypatch, django_capture_on_commit_callbacks
 ):
-    from project import operations
+    from console import tasks
 
     settings.CONSOLE_BULK_CHUNK_SIZE = 2  # 5 rows: 3 chunks through Celery
     for _ in range(5):
@@ -227,7 +238,7 @@ def test_retry_matching_counts_confirms_and_freezes_the_ids(
     assert confirm.context["count"] == 5
     # Hold the chunks back, as a busy worker would.
     queued: list[tuple[int, list[str]]] = []
-    monkeypatch.setattr(operations.apply_action_chunk, "delay", lambda *args: queued.append(args))
+    monkeypatch.setattr(tasks.apply_action_chunk, "delay", lambda *args: queued.append(args))
     with django_capture_on_commit_callbacks(execute=True):
         response = client.post(
             f"{EVENTS}retry-matching/",
@@ -243,7 +254,7 @@ def test_retry_matching_counts_confirms_and_freezes_the_ids(
     # An event that fails after the submit matches the filter, but is not in the frozen ids.
     late = make_event(OutboxEvent.Status.FAILED, topic="console.payments")
     for action_id, ids in queued:
-        operations.apply_action_chunk.apply(args=(action_id, ids))
+        tasks.apply_action_chunk.apply(args=(action_id, ids))
     entry.refresh_from_db()
     assert (entry.requested, entry.changed, entry.chunks_pending) == (5, 5, 0)
     assert entry.filters == {"status__exact": ["FAILED"], "topic": ["console.payments"]}
@@ -283,11 +294,11 @@ def test_release_key_needs_its_permission(make_user):
 @pytest.mark.parametrize(
     ("action", "permission", "check"),
     [
-        ("retry_selected", "outbox.retry_inboxmessage", lambda m: m.status == "PENDING"),
-        ("replay_selected", "outbox.replay_inboxmessage", lambda m: m.status == "PENDING"),
+        ("retry_selected", "inbox.retry_inboxmessage", lambda m: m.status == "PENDING"),
+        ("replay_selected", "inbox.replay_inboxmessage", lambda m: m.status == "PENDING"),
         (
             "discard_selected",
-            "outbox.discard_inboxmessage",
+            "inbox.discard_inboxmessage",
             lambda m: m.status == "FAILED" and m.discarded_at is not None,
         ),
     ],
@@ -325,9 +336,9 @@ def test_the_audit_log_is_readable_and_read_only(operator, make_event):
     client = logged_in(operator)
     _post_action(client, EVENTS, "retry_selected", [event.pk])
     entry = OperatorAction.objects.get()
-    html = client.get("/admin/outbox/operatoraction/").content.decode()
+    html = client.get("/admin/console/operatoraction/").content.decode()
     assert "outbox.retry" in html
     assert "operator" in html
-    assert client.get(f"/admin/outbox/operatoraction/{entry.pk}/change/").status_code == 200
-    assert client.post(f"/admin/outbox/operatoraction/{entry.pk}/delete/").status_code == 403
-    assert client.get("/admin/outbox/operatoraction/add/").status_code == 403
+    assert client.get(f"/admin/console/operatoraction/{entry.pk}/change/").status_code == 200
+    assert client.post(f"/admin/console/operatoraction/{entry.pk}/delete/").status_code == 403
+    assert client.get("/admin/console/operatoraction/add/").status_code == 403

@@ -9,8 +9,9 @@ from django.contrib.auth.models import User
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from console.models import OperatorAction
 from inbox.models import InboxMessage
-from outbox.models import OperatorAction, OutboxEvent
+from outbox.models import OutboxEvent
 from tests.console.conftest import VIEW_PERMISSIONS, client_for
 
 pytestmark = pytest.mark.django_db
@@ -347,9 +348,9 @@ def test_inbox_malformed_id_gets_400(viewer):
 @pytest.mark.parametrize(
     ("suffix", "permission", "status", "discarded"),
     [
-        ("retry/", "outbox.retry_inboxmessage", "PENDING", False),
-        ("replay/", "outbox.replay_inboxmessage", "PENDING", False),
-        ("discard/", "outbox.discard_inboxmessage", "FAILED", True),
+        ("retry/", "inbox.retry_inboxmessage", "PENDING", False),
+        ("replay/", "inbox.replay_inboxmessage", "PENDING", False),
+        ("discard/", "inbox.discard_inboxmessage", "FAILED", True),
     ],
 )
 def test_each_inbox_action_needs_its_own_permission(
@@ -486,12 +487,12 @@ ACTION_MATRIX = [
     ("outbox-bulk-discard", "outbox.discard_outboxevent", {"filter": {"status": "FAILED"}}),
     ("outbox-bulk-replay", "outbox.replay_outboxevent", {"filter": {"status": "DONE"}}),
     ("outbox-key-release", "outbox.release_outboxkey", {"topic": "console.orders"}),
-    ("inbox-retry", "outbox.retry_inboxmessage", {}),
-    ("inbox-replay", "outbox.replay_inboxmessage", {}),
-    ("inbox-discard", "outbox.discard_inboxmessage", {}),
-    ("inbox-bulk-retry", "outbox.retry_inboxmessage", {"filter": {"status": "FAILED"}}),
-    ("inbox-bulk-replay", "outbox.replay_inboxmessage", {"filter": {"status": "FAILED"}}),
-    ("inbox-bulk-discard", "outbox.discard_inboxmessage", {"filter": {"status": "FAILED"}}),
+    ("inbox-retry", "inbox.retry_inboxmessage", {}),
+    ("inbox-replay", "inbox.replay_inboxmessage", {}),
+    ("inbox-discard", "inbox.discard_inboxmessage", {}),
+    ("inbox-bulk-retry", "inbox.retry_inboxmessage", {"filter": {"status": "FAILED"}}),
+    ("inbox-bulk-replay", "inbox.replay_inboxmessage", {"filter": {"status": "FAILED"}}),
+    ("inbox-bulk-discard", "inbox.discard_inboxmessage", {"filter": {"status": "FAILED"}}),
 ]
 
 

@@ -98,7 +98,7 @@ def test_health_reports_an_unreachable_kafka(settings):
     import asyncio
     import datetime
 
-    from project.health import Kafka
+    from console.health import Kafka
 
     check = Kafka(timeout=datetime.timedelta(seconds=1))
     result = asyncio.run(check.get_result())

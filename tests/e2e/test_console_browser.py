@@ -12,7 +12,8 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 import outbox
-from outbox.models import OperatorAction, OutboxEvent
+from console.models import OperatorAction
+from outbox.models import OutboxEvent
 from outbox.producer import close_producers
 from outbox.relay import Relay
 

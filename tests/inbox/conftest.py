@@ -9,10 +9,13 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 
+from inbox import handler
 from inbox.consumer import InboxConsumer
+from inbox.records import parse_record
 from inbox.registry import HandlerRegistry, scoped_registry
+from inbox.services.recording import inbox_message_record_batch
 
 WAIT_TIMEOUT_SECONDS = 60
 CONSUMER_SCRIPT = Path(__file__).with_name("consumer_process.py")
@@ -185,3 +188,31 @@ def consumer_process(tmp_path: Path) -> Iterator[Callable[..., ConsumerProcess]]
         if process.popen.poll() is None:
             process.popen.kill()
             process.popen.wait()
+
+
+# A consumer group for tests that record batches directly, with records built in memory.
+GROUP = "svc"
+
+
+def records(events, *, start=0, topic="t"):
+    """Parsed records of `events` at consecutive offsets, as a consumer would get them."""
+    return [parse_record(e.message(topic=topic, offset=start + i)) for i, e in enumerate(events)]
+
+
+def record_batch(batch, **kwargs):
+    with transaction.atomic():
+        return inbox_message_record_batch(group=GROUP, records=batch, **kwargs)
+
+
+@pytest.fixture
+def applied(inbox_registry, effects):
+    """A handler for OrderPlaced in GROUP that records an effect; raise_for fails some."""
+    state = {"raise_for": set()}
+
+    @handler(event_type="OrderPlaced", topic="t", group=GROUP)
+    def apply(message):
+        record_effect(group=GROUP, event_id=message.event_id)
+        if message.event_id in state["raise_for"]:
+            raise ValueError(f"cannot apply {message.event_id}")
+
+    return state

@@ -25,7 +25,7 @@ from django.core.management import call_command  # noqa: E402
 from inbox import handler  # noqa: E402
 from inbox.consumer import InboxConsumer  # noqa: E402
 from inbox.models import InboxMessage  # noqa: E402
-from inbox.services import BatchResult  # noqa: E402
+from inbox.services.recording import BatchResult  # noqa: E402
 from outbox import publish  # noqa: E402
 from tests.inbox.conftest import record_effect  # noqa: E402
 

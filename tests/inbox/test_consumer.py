@@ -11,7 +11,7 @@ from inbox.consumer import InboxConsumer
 from inbox.models import ConsumerOffset, InboxMessage
 from inbox.records import synthetic_event_id
 from inbox.registry import HandlerRegistry
-from inbox.services import BatchResult
+from inbox.services.recording import BatchResult
 from project.kafka import kafka_connection_config
 from tests.inbox.conftest import consume_for, consume_until, effect_counts, record_effect
 from tests.inbox.factories import Event, make_events, produce, produce_raw
@@ -172,7 +172,7 @@ def test_unknown_event_types_are_ignored_by_default(
 def test_a_failing_handler_leaves_a_failed_row_that_succeeds_on_retry(
     kafka_topic, inbox_registry, effects, run_consumer
 ):
-    from inbox.services import inbox_message_replay
+    from inbox.services.repairs import inbox_message_replay
     from inbox.tasks import retry_due
 
     topic, group = kafka_topic(), unique_group()

@@ -5,9 +5,9 @@ from django.db import transaction
 from prometheus_client import REGISTRY
 
 from inbox import handler
-from inbox.services import inbox_message_record_batch
+from inbox.services.recording import inbox_message_record_batch
+from tests.inbox.conftest import records
 from tests.inbox.factories import Event
-from tests.inbox.test_services import records
 
 pytestmark = pytest.mark.django_db
 

@@ -8,10 +8,10 @@ from django.utils import timezone
 
 from inbox import handler
 from inbox.models import InboxMessage
-from inbox.services import inbox_message_record_batch
+from inbox.services.recording import inbox_message_record_batch
 from inbox.tasks import purge_processed, retry_due
+from tests.inbox.conftest import records
 from tests.inbox.factories import Event
-from tests.inbox.test_services import records
 
 pytestmark = pytest.mark.django_db
 

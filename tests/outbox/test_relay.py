@@ -14,11 +14,9 @@ from outbox.models import OutboxEvent
 from outbox.producer import close_producers, get_producer
 from outbox.relay import Relay, transactional_id_for
 from outbox.selectors import outbox_quarantined_keys
-from outbox.services import (
-    outbox_event_retry,
-    outbox_events_claim,
-    outbox_events_purge_published,
-)
+from outbox.services.claims import outbox_events_claim
+from outbox.services.repairs import outbox_event_retry
+from outbox.services.retention import outbox_events_purge_published
 from tests.outbox.conftest import (
     consume_all,
     headers_of,
@@ -310,7 +308,11 @@ class MarksBeforeProducing(Relay):
     """A deliberately broken relay: marks its batch DONE first, then dies before producing."""
 
     def run_once(self):
-        from outbox.services import Delivery, outbox_events_claim, outbox_events_mark_published
+        from outbox.services.claims import (
+            Delivery,
+            outbox_events_claim,
+            outbox_events_mark_published,
+        )
 
         events = outbox_events_claim(relay_id=self.relay_id, batch_size=self.batch_size)
         outbox_events_mark_published(

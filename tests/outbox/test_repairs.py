@@ -8,12 +8,12 @@ import outbox
 from outbox.errors import IllegalTransition
 from outbox.models import OutboxEvent
 from outbox.selectors import outbox_quarantined_keys
-from outbox.services import (
+from outbox.services.claims import outbox_events_claim
+from outbox.services.repairs import (
     REPLAY_OF_HEADER,
     outbox_event_discard,
     outbox_event_replay,
     outbox_event_retry,
-    outbox_events_claim,
     outbox_events_retry,
     outbox_key_release,
 )

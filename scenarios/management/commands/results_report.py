@@ -132,19 +132,18 @@ class Command(BaseCommand):
         python = sys.executable
         sections: list[Section] = []
         if not options["skip_benchmarks"]:
-            benchmarks = [
+            benchmarks: list[tuple[str, list[str], dict[str, str]]] = [
                 ("Outbox benchmark", [python, "benchmarks/outbox_bench.py"], {}),
                 ("Inbox benchmark", [python, "benchmarks/inbox_bench.py"], {}),
                 (
                     "Analytics benchmark",
                     [
                         python,
-                        "manage.py",
-                        "analytics_bench",
+                        "benchmarks/analytics_bench.py",
                         "--events",
                         str(options["analytics_events"]),
                     ],
-                    {"DATABASE_URL": _analytics_database_url()},
+                    {},
                 ),
             ]
             for title, command, env in benchmarks:
@@ -253,11 +252,3 @@ def _keys(results: list[dict[str, Any]]) -> str:
     """The number of keys of the runs, as the results give it."""
     keys = sorted({result["keys"] for result in results}) or [DEFAULT_KEYS]
     return " or ".join(f"{count:,}" for count in keys)
-
-
-def _analytics_database_url() -> str:
-    database = settings.DATABASES["default"]
-    return (
-        f"postgres://{database['USER']}:{database['PASSWORD']}@{database['HOST']}:"
-        f"{database['PORT'] or 5432}/outbox_analytics_bench"
-    )

@@ -12,10 +12,10 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
 from inbox.consumer import InboxConsumer
-from inbox.services import BatchResult
+from inbox.services.recording import BatchResult
 from outbox.producer import RelayProducer
 from outbox.relay import Relay, _Reports
-from outbox.services import ClaimedEvent, Delivery, outbox_events_mark_published
+from outbox.services.claims import ClaimedEvent, Delivery, outbox_events_mark_published
 
 BROKEN_VARIABLE = "SCENARIO_BROKEN"
 

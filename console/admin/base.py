@@ -1,0 +1,362 @@
+"""Admin pieces the console's pages share: read-only admins, a paginator that never counts
+millions of rows, exact-match text filters (served by indexes, unlike icontains), JSON display,
+the confirmation of a detail-page action, the "retry everything matching the filter"
+confirmation view, and DeliveryAdmin, the base of the outbox events' and inbox messages'
+admins."""
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from django.conf import settings
+from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.utils import flatten_fieldsets
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.functional import cached_property
+from django.utils.html import format_html
+from unfold.admin import ModelAdmin
+from unfold.contrib.filters.admin import FieldTextFilter
+from unfold.decorators import display
+
+from console.operations import BulkTooLarge, ConsoleError, bulk_action_run
+from console.selectors import table_row_estimate
+from inbox.errors import InboxError
+from outbox.errors import OutboxError
+
+
+class ReadOnlyModelAdmin(ModelAdmin):
+    """Rows the product writes (events, messages, the audit log): never added, edited or
+    deleted through a form; operators change them only through audited actions."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Sequence[str]:
+        # Nothing here is edited: every field the fieldsets show is read-only, computed
+        # ones (JSON, badges, the timeline) included, so the list is not written twice.
+        if self.fieldsets:
+            return flatten_fieldsets(self.fieldsets)
+        return super().get_readonly_fields(request, obj)
+
+
+class EstimatedCountPaginator(Paginator):
+    """Counts exactly up to CONSOLE_COUNT_LIMIT matches; beyond, says "at least" that many.
+    An unfiltered list takes PostgreSQL's estimate of the table's size: no COUNT(*) over
+    millions of rows, ever."""
+
+    @cached_property
+    def count(self) -> int:
+        queryset = self.object_list
+        limit = settings.CONSOLE_COUNT_LIMIT
+        if isinstance(queryset, QuerySet):
+            if not queryset.query.where:
+                estimate = table_row_estimate(queryset.model._meta.db_table)
+                if estimate > limit:
+                    return estimate
+            return int(queryset.order_by()[: limit + 1].count())
+        return len(queryset)
+
+
+class ExactTextFilter(FieldTextFilter):
+    """A text box that filters by equality, so the column's index serves it."""
+
+    def __init__(
+        self,
+        field: Any,
+        request: HttpRequest,
+        params: dict[str, Any],
+        model: Any,
+        model_admin: Any,
+        field_path: str,
+    ) -> None:
+        self.lookup_kwarg = field_path
+        self.lookup_val = params.get(field_path)
+        admin.FieldListFilter.__init__(self, field, request, params, model, model_admin, field_path)
+
+    def expected_parameters(self) -> list[str | None]:
+        return [self.field_path]
+
+
+def pretty_json(value: Any) -> str:
+    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    return format_html(
+        '<pre class="console-json" style="white-space: pre-wrap; max-height: 32rem; '
+        'overflow: auto; font-family: monospace; font-size: 12px">{}</pre>',
+        text,
+    )
+
+
+def preformatted(value: str) -> str:
+    if not value:
+        return "-"
+    return format_html(
+        '<pre style="white-space: pre-wrap; font-family: monospace; font-size: 12px">{}</pre>',
+        value,
+    )
+
+
+STATUS_COLOURS = {"PENDING": "#b45309", "DONE": "#15803d", "FAILED": "#b91c1c"}
+
+
+def status_badge(status: str, *, discarded: bool = False) -> str:
+    colour = "#6b7280" if discarded else STATUS_COLOURS.get(status, "#6b7280")
+    label = f"{status} (discarded)" if discarded else status
+    return format_html('<span style="color: {}; font-weight: 600">{}</span>', colour, label)
+
+
+def run_selected_action(
+    model_admin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet, name: str, verb: str
+) -> None:
+    """An admin list action: runs `name` over the selected rows and tells the operator what
+    changed, what was skipped, or where the large set was queued."""
+    try:
+        record = bulk_action_run(user=request.user, action=name, source="admin", queryset=queryset)
+    except ConsoleError as error:
+        model_admin.message_user(request, str(error), messages.ERROR)
+        return
+    if record.chunks_pending:
+        model_admin.message_user(
+            request,
+            f"{verb}: {record.requested} selected, queued in {record.chunks_pending} chunks "
+            f"(audit #{record.pk}).",
+            messages.SUCCESS,
+        )
+        return
+    skipped = record.requested - record.changed
+    model_admin.message_user(
+        request,
+        f"{verb}: {record.changed} of {record.requested} selected"
+        + (f"; {skipped} skipped (not in a state that allows it)" if skipped else "")
+        + f" (audit #{record.pk}).",
+        messages.SUCCESS if record.changed else messages.WARNING,
+    )
+
+
+def detail_action_confirmation(
+    model_admin: admin.ModelAdmin, request: HttpRequest, obj: Any, *, verb: str
+) -> HttpResponse | None:
+    """None when the request is a POST, which may go on and change the row; otherwise the
+    page that asks for that POST. Unfold renders detail actions as links, and a GET (a
+    prefetching browser, a link from another site) must never retry, replay or discard."""
+    if request.method == "POST":
+        return None
+    opts = model_admin.model._meta
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": f"{verb}: {opts.verbose_name} {obj.pk}",
+        "opts": opts,
+        "object_pk": obj.pk,
+        "object_label": str(opts.verbose_name).capitalize(),
+        "status": obj.status,
+        "verb": verb,
+        "cancel_url": reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[obj.pk]),
+    }
+    return TemplateResponse(request, "admin/console/detail_confirm.html", context)
+
+
+def bulk_matching_view(
+    model_admin: admin.ModelAdmin,
+    request: HttpRequest,
+    *,
+    action: str,
+    permission_check: Any,
+    verb: str,
+) -> HttpResponse:
+    """GET: counts the rows of the changelist's current filter and asks to confirm.
+    POST: freezes their ids and runs the action (in Celery chunks when large)."""
+    if not permission_check(request):
+        raise PermissionDenied
+    opts = model_admin.model._meta
+    changelist_url = reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")
+    filters_query = (
+        request.POST.get("_changelist_filters", "")
+        if request.method == "POST"
+        else request.GET.urlencode()
+    )
+    original_get = request.GET
+    request.GET = QueryDict(filters_query)
+    try:
+        changelist = model_admin.get_changelist_instance(request)
+        queryset = changelist.get_queryset(request)
+    except IncorrectLookupParameters:
+        model_admin.message_user(request, "The filter is not valid.", messages.ERROR)
+        return HttpResponseRedirect(changelist_url)
+    finally:
+        request.GET = original_get
+    back = f"{changelist_url}?{filters_query}" if filters_query else changelist_url
+    filters = {key: QueryDict(filters_query).getlist(key) for key in QueryDict(filters_query)}
+    if request.method == "POST":
+        try:
+            record = bulk_action_run(
+                user=request.user,
+                action=action,
+                source="admin",
+                queryset=queryset,
+                filters=filters,
+                note=request.POST.get("note", "")[:2000],
+            )
+        except BulkTooLarge as error:
+            model_admin.message_user(request, str(error), messages.ERROR)
+            return HttpResponseRedirect(back)
+        except ConsoleError as error:
+            model_admin.message_user(request, str(error), messages.ERROR)
+            return HttpResponseRedirect(back)
+        if record.chunks_pending:
+            text = (
+                f"{verb}: {record.requested} rows frozen and queued in {record.chunks_pending} "
+                f"chunks; audit entry #{record.pk} counts the progress."
+            )
+        else:
+            text = (
+                f"{verb}: {record.changed} of {record.requested} rows changed (audit #{record.pk})."
+            )
+        model_admin.message_user(request, text, messages.SUCCESS)
+        return HttpResponseRedirect(back)
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": f"{verb}: everything matching the filter",
+        "opts": opts,
+        "count": queryset.count(),
+        "filters": filters,
+        "filters_query": filters_query,
+        "verb": verb,
+        "back": back,
+        "chunk_size": settings.CONSOLE_BULK_CHUNK_SIZE,
+        "max_rows": settings.CONSOLE_BULK_MAX_ROWS,
+    }
+    return TemplateResponse(request, "admin/console/bulk_confirm.html", context)
+
+
+class DeliveryAdmin(ReadOnlyModelAdmin):
+    """What the admins of outbox events and inbox messages share: a list that never counts the
+    whole table nor loads payloads, status badges and JSON fields, and the retry, discard and
+    replay actions, each with its own permission, on the list, on the detail page and over
+    everything a filter matches, all through console.operations and audited."""
+
+    # The model's permissions (OutboxEventPermission, InboxMessagePermission).
+    permissions: Any
+    # The operator action that "Retry all matching the filter" runs.
+    retry_action: str
+    # Heavy columns a list page never shows.
+    deferred_on_list: tuple[str, ...] = ("payload", "headers")
+    # How messages name a row: "event", "message".
+    row_noun: str
+
+    list_filter_submit = True
+    search_help_text = "An event id, an aggregate id or a key (exact)."
+    # Never COUNT(*) the whole table; see EstimatedCountPaginator.
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+    # Unfold renders a row in a few milliseconds: 25 rows keep a page well under 300 ms.
+    list_per_page = 25
+
+    def has_retry_permission(self, request: HttpRequest, object_id: Any = None) -> bool:
+        return bool(request.user.has_perm(self.permissions.RETRY))
+
+    def has_discard_permission(self, request: HttpRequest, object_id: Any = None) -> bool:
+        return bool(request.user.has_perm(self.permissions.DISCARD))
+
+    def has_replay_permission(self, request: HttpRequest, object_id: Any = None) -> bool:
+        return bool(request.user.has_perm(self.permissions.REPLAY))
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        rows = super().get_queryset(request)
+        match = request.resolver_match
+        if match is not None and (match.url_name or "").endswith("_changelist"):
+            rows = rows.defer(*self.deferred_on_list)
+        return rows
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        opts = self.model._meta
+        retry_matching_url = (
+            reverse(f"admin:{opts.app_label}_{opts.model_name}_retry_matching")
+            if self.has_retry_permission(request)
+            else ""
+        )
+        extra_context = {**(extra_context or {}), "retry_matching_url": retry_matching_url}
+        return super().changelist_view(request, extra_context)
+
+    def get_urls(self) -> list[URLPattern]:
+        opts = self.model._meta
+        return [
+            path(
+                "retry-matching/",
+                self.admin_site.admin_view(self.retry_matching_view),
+                name=f"{opts.app_label}_{opts.model_name}_retry_matching",
+            ),
+            *super().get_urls(),
+        ]
+
+    @display(description="Status")
+    def state(self, row: Any) -> str:
+        return status_badge(row.status, discarded=row.discarded_at is not None)
+
+    @display(description="Last error")
+    def last_error_text(self, row: Any) -> str:
+        return preformatted(row.last_error)
+
+    @display(description="Payload")
+    def payload_json(self, row: Any) -> str:
+        return pretty_json(row.payload)
+
+    @display(description="Headers")
+    def headers_json(self, row: Any) -> str:
+        return pretty_json(row.headers)
+
+    def run_row_action(self, request: HttpRequest, row: Any, name: str) -> Any:
+        """Runs the operator action `name` on one row; returns the row as it now is (for a
+        replay with a new event id: the new row)."""
+        raise NotImplementedError
+
+    def detail_action(
+        self, request: HttpRequest, object_id: str, name: str, verb: str
+    ) -> HttpResponse:
+        opts = self.model._meta
+        # get_object answers None for a malformed id as for a missing one.
+        row = self.get_object(request, object_id)
+        if row is None:
+            self.message_user(
+                request, f"No {self.row_noun} with the id {object_id!r}.", messages.ERROR
+            )
+            return HttpResponseRedirect(
+                reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")
+            )
+        confirmation = detail_action_confirmation(self, request, row, verb=verb)
+        if confirmation is not None:
+            return confirmation
+        try:
+            result = self.run_row_action(request, row, name)
+        except (OutboxError, InboxError, ConsoleError) as error:
+            self.message_user(request, str(error), messages.ERROR)
+            return HttpResponseRedirect(
+                reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[row.pk])
+            )
+        self.message_user(
+            request, f"{verb}: {self.row_noun} {result.pk} is {result.status}.", messages.SUCCESS
+        )
+        return HttpResponseRedirect(
+            reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[result.pk])
+        )
+
+    def retry_matching_view(self, request: HttpRequest) -> HttpResponse:
+        return bulk_matching_view(
+            self,
+            request,
+            action=self.retry_action,
+            permission_check=self.has_retry_permission,
+            verb="Retry",
+        )

@@ -1,0 +1,74 @@
+"""Bulk actions of the API: by ids or by the list's filters, with a dry run."""
+
+from typing import Any
+
+from django.db.models import QuerySet
+from django_filters import FilterSet
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+
+from console.api.exceptions import ConsoleAPIError
+from console.operations import bulk_action_count, bulk_action_run
+
+
+def bulk_queryset(
+    *, data: dict[str, Any], filterset_class: type[FilterSet], queryset: QuerySet
+) -> tuple[QuerySet, dict[str, Any]]:
+    """The rows a bulk request names, and what the audit log keeps of how it named them."""
+    if "ids" in data:
+        ids = [str(value) for value in data["ids"]]
+        return queryset.filter(pk__in=ids), {"ids": ids}
+    filters = dict(data["filter"])
+    unknown = sorted(set(filters) - set(filterset_class.base_filters))
+    if unknown:
+        raise ConsoleAPIError(
+            "unknown_filter",
+            f"Unknown filter {', '.join(unknown)}; the filters are "
+            f"{', '.join(sorted(filterset_class.base_filters))}.",
+        )
+    if not filters:
+        raise ConsoleAPIError(
+            "empty_filter",
+            "An empty filter would select every row; name at least one filter.",
+        )
+    filterset = filterset_class(data=filters, queryset=queryset)
+    if not filterset.is_valid():
+        raise ValidationError({"filter": filterset.errors})
+    return filterset.qs, filters
+
+
+def bulk_response(
+    *,
+    request: Request,
+    action: str,
+    data: dict[str, Any],
+    filterset_class: type[FilterSet],
+    queryset: QuerySet,
+) -> dict[str, Any]:
+    rows, described = bulk_queryset(data=data, filterset_class=filterset_class, queryset=queryset)
+    if data.get("dry_run"):
+        return {
+            "action": action,
+            "dry_run": True,
+            "matched": bulk_action_count(rows),
+            "changed": None,
+            "queued_chunks": 0,
+            "audit_id": None,
+        }
+    record = bulk_action_run(
+        user=request.user,
+        action=action,
+        source="api",
+        queryset=rows,
+        filters=described if "ids" not in described else {},
+        note=data.get("note", ""),
+    )
+    return {
+        "action": action,
+        "dry_run": False,
+        "matched": record.requested,
+        # Known once every chunk ran; the audit entry (audit_id) shows the progress.
+        "changed": record.changed if not record.chunks_pending else None,
+        "queued_chunks": record.chunks_pending,
+        "audit_id": record.pk,
+    }

@@ -1,0 +1,136 @@
+from typing import Any
+
+from django.db.models import QuerySet
+from drf_spectacular.utils import extend_schema
+from rest_framework import viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.throttling import BaseThrottle
+
+from console.api.bulk import bulk_response
+from console.api.exceptions import ConsoleAPIError
+from console.api.inbox.filters import InboxMessageFilter
+from console.api.inbox.serializers import (
+    InboxBulkInputSerializer,
+    InboxMessageDetailSerializer,
+    InboxMessageListSerializer,
+)
+from console.api.pagination import ConsoleCursorPagination
+from console.api.permissions import view_permission
+from console.api.serializers import ActionInputSerializer, BulkResultSerializer
+from console.models import OperatorAction
+from console.operations import inbox_message_action
+from inbox.models import InboxMessage, InboxMessagePermission
+
+Action = OperatorAction.Action
+VIEW = [view_permission(InboxMessage)]
+RETRY = [InboxMessagePermission.RETRY]
+REPLAY = [InboxMessagePermission.REPLAY]
+DISCARD = [InboxMessagePermission.DISCARD]
+ACTIONS = {"retry", "replay", "discard", "bulk_retry", "bulk_replay", "bulk_discard"}
+
+
+class InboxCursorPagination(ConsoleCursorPagination):
+    ordering = "-received_at"
+
+
+class InboxMessageViewSet(viewsets.ReadOnlyModelViewSet):
+    """Inbox messages of every consumer group: list, detail, retry, replay and discard."""
+
+    queryset = InboxMessage.objects.all()
+    filterset_class = InboxMessageFilter
+    pagination_class = InboxCursorPagination
+    required_permissions = {
+        "list": VIEW,
+        "retrieve": VIEW,
+        "retry": [*VIEW, *RETRY],
+        "bulk_retry": [*VIEW, *RETRY],
+        "replay": [*VIEW, *REPLAY],
+        "bulk_replay": [*VIEW, *REPLAY],
+        "discard": [*VIEW, *DISCARD],
+        "bulk_discard": [*VIEW, *DISCARD],
+    }
+
+    def get_queryset(self) -> QuerySet[InboxMessage]:
+        messages = InboxMessage.objects.all()
+        if self.action == "list":
+            messages = messages.defer("payload", "headers", "raw_value")
+        return messages
+
+    def get_serializer_class(self) -> Any:
+        return InboxMessageListSerializer if self.action == "list" else InboxMessageDetailSerializer
+
+    def get_throttles(self) -> list[BaseThrottle]:
+        self.throttle_scope = "actions" if self.action in ACTIONS else ""
+        return super().get_throttles()
+
+    def get_object(self) -> InboxMessage:
+        value = str(self.kwargs.get("pk", ""))
+        if not value.isdigit():
+            raise ConsoleAPIError(
+                "invalid_id", f"{value!r} is not a message id; message ids are integers."
+            )
+        message: InboxMessage = super().get_object()
+        return message
+
+    def _single(self, request: Request, action_name: str) -> Response:
+        serializer = ActionInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        message = inbox_message_action(
+            user=request.user,
+            message=self.get_object(),
+            action=action_name,
+            source="api",
+            note=serializer.validated_data["note"],
+        )
+        return Response(InboxMessageDetailSerializer(message).data)
+
+    @extend_schema(request=ActionInputSerializer, responses=InboxMessageDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def retry(self, request: Request, pk: str | None = None) -> Response:
+        """Runs a FAILED or backing-off PENDING message again now (by the retry task)."""
+        return self._single(request, Action.INBOX_RETRY)
+
+    @extend_schema(request=ActionInputSerializer, responses=InboxMessageDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def replay(self, request: Request, pk: str | None = None) -> Response:
+        """Gives a FAILED message a fresh retry budget, due now."""
+        return self._single(request, Action.INBOX_REPLAY)
+
+    @extend_schema(request=ActionInputSerializer, responses=InboxMessageDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def discard(self, request: Request, pk: str | None = None) -> Response:
+        """Marks a FAILED message as discarded: kept for audit, no longer run or alerted on."""
+        return self._single(request, Action.INBOX_DISCARD)
+
+    def _bulk(self, request: Request, action_name: str) -> Response:
+        serializer = InboxBulkInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        return Response(
+            bulk_response(
+                request=request,
+                action=action_name,
+                data=dict(serializer.validated_data),
+                filterset_class=InboxMessageFilter,
+                queryset=InboxMessage.objects.all(),
+            )
+        )
+
+    @extend_schema(request=InboxBulkInputSerializer, responses=BulkResultSerializer)
+    @action(detail=False, methods=["post"], url_path="bulk/retry")
+    def bulk_retry(self, request: Request) -> Response:
+        """Retries the messages named by ids or by filter; dry_run only counts them."""
+        return self._bulk(request, Action.INBOX_RETRY)
+
+    @extend_schema(request=InboxBulkInputSerializer, responses=BulkResultSerializer)
+    @action(detail=False, methods=["post"], url_path="bulk/replay")
+    def bulk_replay(self, request: Request) -> Response:
+        """Replays the FAILED messages named by ids or by filter; dry_run only counts them."""
+        return self._bulk(request, Action.INBOX_REPLAY)
+
+    @extend_schema(request=InboxBulkInputSerializer, responses=BulkResultSerializer)
+    @action(detail=False, methods=["post"], url_path="bulk/discard")
+    def bulk_discard(self, request: Request) -> Response:
+        """Discards the FAILED messages named by ids or by filter; dry_run only counts them."""
+        return self._bulk(request, Action.INBOX_DISCARD)

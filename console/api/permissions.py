@@ -1,0 +1,35 @@
+from typing import TYPE_CHECKING, Any
+
+from django.contrib.auth import get_permission_codename
+from django.db.models import Model
+from rest_framework.permissions import BasePermission
+
+if TYPE_CHECKING:  # rest_framework.views imports this module through its settings
+    from rest_framework.request import Request
+    from rest_framework.views import APIView
+
+
+def view_permission(model: type[Model]) -> str:
+    """Django's default view permission of `model`, e.g. "outbox.view_outboxevent"."""
+    opts = model._meta
+    return f"{opts.app_label}.{get_permission_codename('view', opts)}"
+
+
+class ConsolePermission(BasePermission):
+    """An authenticated user, with the permissions the view names for the current action.
+
+    A view declares `required_permissions = {"list": [...], "retry": [...], ...}` (keyed by
+    ViewSet action, or "*" for any); the admin requires exactly the same permissions.
+    """
+
+    def has_permission(self, request: "Request", view: "APIView") -> bool:
+        user = request.user
+        if not (user and user.is_authenticated):
+            return False
+        required: dict[str, list[str]] = getattr(view, "required_permissions", {})
+        action = getattr(view, "action", None) or request.method or ""
+        needed = required.get(action, required.get("*", []))
+        return bool(user.has_perms(needed))
+
+    def has_object_permission(self, request: "Request", view: "APIView", obj: Any) -> bool:
+        return self.has_permission(request, view)

@@ -1,0 +1,88 @@
+"""/metrics for Prometheus: the counters and histograms of outbox.metrics and inbox.metrics,
+summed over every process when PROMETHEUS_MULTIPROC_DIR is set (project/process_metrics.py),
+else this process's own; plus gauges read from the database at scrape time, so that the
+backlog is the same whichever process answers."""
+
+import contextlib
+import hmac
+from collections.abc import Iterator
+
+from django.conf import settings
+from django.db import DatabaseError
+from django.http import HttpRequest, HttpResponse
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+import inbox.metrics  # noqa: F401  (registers the inbox's counters in this process)
+import outbox.metrics  # noqa: F401  (registers the relay's counters in this process)
+from console.selectors import status_counts
+from inbox.models import InboxMessage
+from outbox.models import OutboxEvent
+from outbox.selectors import outbox_oldest_pending_age_seconds
+from project.process_metrics import multiprocess_directory
+
+
+class DatabaseBacklogCollector(Collector):
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        # Names only: registration must not query the database (it happens at import).
+        yield GaugeMetricFamily("outbox_events", "", labels=["status"])
+        yield GaugeMetricFamily("inbox_messages", "", labels=["status"])
+        yield GaugeMetricFamily("outbox_oldest_pending_age_seconds", "")
+        yield GaugeMetricFamily("console_database_up", "")
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            outbox = status_counts(OutboxEvent)
+            inbox = status_counts(InboxMessage)
+            oldest = outbox_oldest_pending_age_seconds()
+        except DatabaseError:
+            up = GaugeMetricFamily("console_database_up", "The database answered the scrape.")
+            up.add_metric([], 0)
+            yield up
+            return
+        for name, side, counts in (
+            ("outbox_events", "Outbox", outbox.counts),
+            ("inbox_messages", "Inbox", inbox.counts),
+        ):
+            rows = GaugeMetricFamily(
+                name, f"{side} rows by status (DONE estimated on big tables).", labels=["status"]
+            )
+            for status, count in counts.items():
+                rows.add_metric([status], count)
+            yield rows
+        age = GaugeMetricFamily(
+            "outbox_oldest_pending_age_seconds", "Age of the oldest PENDING outbox event (0: none)."
+        )
+        age.add_metric([], oldest or 0.0)
+        yield age
+        up = GaugeMetricFamily("console_database_up", "The database answered the scrape.")
+        up.add_metric([], 1)
+        yield up
+
+
+_collector = DatabaseBacklogCollector()
+# A second import of this module (under another name) finds it registered already.
+with contextlib.suppress(ValueError):
+    REGISTRY.register(_collector)
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    token = settings.METRICS_TOKEN
+    if token:
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            return HttpResponse("A bearer token is required.\n", status=401)
+    return HttpResponse(generate_latest(_scrape_registry()), content_type=CONTENT_TYPE_LATEST)
+
+
+def _scrape_registry() -> CollectorRegistry:
+    directory = multiprocess_directory()
+    if directory is None:
+        return REGISTRY
+    # The files of every process (this one's included), and the database's gauges.
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=directory)
+    registry.register(_collector)
+    return registry

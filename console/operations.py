@@ -1,0 +1,317 @@
+"""Operator actions, shared by the admin and the API: each checks its permission, calls the
+app's services, and writes the audit log. Large sets are frozen at submit and run in chunks
+by a thin Celery task (console.tasks)."""
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Model, QuerySet
+
+from analytics.models import AnalyticsRun, AnalyticsRunPermission
+from analytics.services import analytics_run_queue
+from console.audit import operator_action_add_progress, operator_action_record
+from console.models import OperatorAction
+from inbox.errors import InvalidTransition
+from inbox.models import InboxMessage, InboxMessagePermission
+from inbox.services.repairs import (
+    inbox_message_discard,
+    inbox_message_replay,
+    inbox_messages_discard,
+    inbox_messages_replay,
+)
+from inbox.services.retries import inbox_messages_retry
+from outbox.models import OutboxEvent, OutboxEventPermission
+from outbox.services.repairs import (
+    outbox_event_discard,
+    outbox_event_replay,
+    outbox_event_retry,
+    outbox_events_discard,
+    outbox_events_replay,
+    outbox_events_retry,
+    outbox_key_release,
+)
+
+Action = OperatorAction.Action
+
+
+class ConsoleError(Exception):
+    code = "console_error"
+
+
+class BulkTooLarge(ConsoleError):
+    code = "bulk_too_large"
+
+
+class NotPermitted(ConsoleError):
+    code = "permission_denied"
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    model: type[Model]
+    permission: str
+    # Applies the action to a chunk of ids; returns how many rows changed.
+    apply: Callable[[Sequence[Any]], int]
+
+
+ACTIONS: dict[str, ActionSpec] = {
+    Action.OUTBOX_RETRY: ActionSpec(
+        OutboxEvent,
+        OutboxEventPermission.RETRY,
+        lambda ids: outbox_events_retry(event_ids=ids),
+    ),
+    Action.OUTBOX_DISCARD: ActionSpec(
+        OutboxEvent,
+        OutboxEventPermission.DISCARD,
+        lambda ids: outbox_events_discard(event_ids=ids),
+    ),
+    Action.OUTBOX_REPLAY: ActionSpec(
+        OutboxEvent,
+        OutboxEventPermission.REPLAY,
+        lambda ids: outbox_events_replay(event_ids=ids, new_event_id=False),
+    ),
+    Action.OUTBOX_REPLAY_NEW_ID: ActionSpec(
+        OutboxEvent,
+        OutboxEventPermission.REPLAY,
+        lambda ids: outbox_events_replay(event_ids=ids, new_event_id=True),
+    ),
+    Action.INBOX_RETRY: ActionSpec(
+        InboxMessage,
+        InboxMessagePermission.RETRY,
+        lambda ids: inbox_messages_retry(message_ids=ids),
+    ),
+    Action.INBOX_REPLAY: ActionSpec(
+        InboxMessage,
+        InboxMessagePermission.REPLAY,
+        lambda ids: inbox_messages_replay(message_ids=ids),
+    ),
+    Action.INBOX_DISCARD: ActionSpec(
+        InboxMessage,
+        InboxMessagePermission.DISCARD,
+        lambda ids: inbox_messages_discard(message_ids=ids),
+    ),
+}
+
+
+def model_label(model: type[Model]) -> str:
+    return model._meta.label
+
+
+def require_permission(user: Any, permission: str) -> None:
+    if not user.has_perm(permission):
+        # str(): a permission is often a TextChoices member, whose repr is not its name.
+        raise NotPermitted(f"This action needs the permission {str(permission)!r}.")
+
+
+def _jsonable(value: Any) -> Any:
+    return str(value) if isinstance(value, uuid.UUID) else value
+
+
+def bulk_action_count(queryset: QuerySet) -> int:
+    """The rows a bulk action over `queryset` would touch (a dry run)."""
+    return queryset.count()
+
+
+def bulk_action_run(
+    *,
+    user: Any,
+    action: str,
+    source: str,
+    queryset: QuerySet | None = None,
+    ids: Sequence[Any] | None = None,
+    filters: dict[str, Any] | None = None,
+    note: str = "",
+) -> OperatorAction:
+    """Runs `action` over the rows of `queryset` (or `ids`), frozen now.
+
+    Up to CONSOLE_BULK_CHUNK_SIZE rows run here; a larger set is queued as chunks of ids for
+    the Celery task below, and its audit row counts the changed rows as the chunks finish.
+    """
+    spec = ACTIONS[action]
+    require_permission(user, spec.permission)
+    limit = settings.CONSOLE_BULK_MAX_ROWS
+    if queryset is not None:
+        frozen = list(queryset.order_by().values_list("pk", flat=True)[: limit + 1])
+    else:
+        frozen = list(ids or [])
+    if len(frozen) > limit:
+        raise BulkTooLarge(
+            f"The selection has more than {limit} rows (CONSOLE_BULK_MAX_ROWS); narrow the "
+            "filter, e.g. by date range, and run the action once per part."
+        )
+    chunk_size = settings.CONSOLE_BULK_CHUNK_SIZE
+    chunks = [frozen[start : start + chunk_size] for start in range(0, len(frozen), chunk_size)]
+    common = {
+        "user": user,
+        "action": action,
+        "model": model_label(spec.model),
+        "source": source,
+        "requested": len(frozen),
+        "object_ids": [_jsonable(value) for value in frozen],
+        "filters": filters or {},
+        "note": note,
+    }
+    if len(chunks) <= 1:
+        with transaction.atomic():
+            changed = spec.apply(frozen) if frozen else 0
+            return operator_action_record(**common, changed=changed)
+    record = operator_action_record(**common, chunks_pending=len(chunks))
+
+    def enqueue() -> None:
+        from console.tasks import apply_action_chunk
+
+        for chunk in chunks:
+            apply_action_chunk.delay(record.pk, [_jsonable(value) for value in chunk])
+
+    transaction.on_commit(enqueue)
+    return record
+
+
+def bulk_action_apply_chunk(*, action_id: int, object_ids: Sequence[Any]) -> int:
+    """Applies a queued action to one chunk of its frozen ids and records the progress."""
+    record = OperatorAction.objects.get(pk=action_id)
+    spec = ACTIONS[record.action]
+    with transaction.atomic():
+        changed = spec.apply(object_ids)
+        operator_action_add_progress(action_id=action_id, changed=changed, chunks_done=1)
+    return changed
+
+
+# --- single rows -------------------------------------------------------------------------------
+
+
+def outbox_event_action(
+    *,
+    user: Any,
+    event: OutboxEvent,
+    action: str,
+    source: str,
+    note: str = "",
+) -> OutboxEvent:
+    """Retries, discards or replays one event through its service, and logs it. Returns the
+    event as it now is (for a replay with a new event id: the new event)."""
+    spec = ACTIONS[action]
+    require_permission(user, spec.permission)
+    with transaction.atomic():
+        if action == Action.OUTBOX_RETRY:
+            result = outbox_event_retry(event=event)
+        elif action == Action.OUTBOX_DISCARD:
+            result = outbox_event_discard(event=event)
+        elif action in (Action.OUTBOX_REPLAY, Action.OUTBOX_REPLAY_NEW_ID):
+            result = outbox_event_replay(
+                event=event, new_event_id=action == Action.OUTBOX_REPLAY_NEW_ID
+            )
+        else:
+            raise ValueError(f"{action} is not an action on one outbox event")
+        operator_action_record(
+            user=user,
+            action=action,
+            model=model_label(OutboxEvent),
+            source=source,
+            requested=1,
+            changed=1,
+            object_ids=[str(event.pk)] + ([str(result.pk)] if result.pk != event.pk else []),
+            note=note,
+        )
+    return result
+
+
+def inbox_message_action(
+    *, user: Any, message: InboxMessage, action: str, source: str, note: str = ""
+) -> InboxMessage:
+    """Retries, replays or discards one inbox message, and logs it."""
+    spec = ACTIONS[action]
+    require_permission(user, spec.permission)
+    with transaction.atomic():
+        if action == Action.INBOX_REPLAY:
+            message = inbox_message_replay(message=message)
+            changed = 1
+        elif action == Action.INBOX_RETRY:
+            changed = inbox_messages_retry(message_ids=[message.pk])
+            if not changed:
+                if message.discarded_at is not None:
+                    raise InvalidTransition(
+                        f"Message {message.pk} was discarded; replay it to run it again."
+                    )
+                raise InvalidTransition(
+                    f"Message {message.pk} is {message.status}: only FAILED messages and "
+                    "PENDING ones waiting for a retry can be retried."
+                )
+            message.refresh_from_db()
+        elif action == Action.INBOX_DISCARD:
+            message = inbox_message_discard(message=message)
+            changed = 1
+        else:
+            raise ValueError(f"{action} is not an action on one inbox message")
+        operator_action_record(
+            user=user,
+            action=action,
+            model=model_label(InboxMessage),
+            source=source,
+            requested=1,
+            changed=changed,
+            object_ids=[message.pk],
+            note=note,
+        )
+    return message
+
+
+def outbox_key_release_action(
+    *, user: Any, topic: str, key: str, source: str, note: str = ""
+) -> OperatorAction:
+    """Releases a quarantined key and logs it; the entry's `changed` counts the events."""
+    require_permission(user, OutboxEventPermission.RELEASE_KEY)
+    with transaction.atomic():
+        changed = outbox_key_release(topic=topic, key=key)
+        return operator_action_record(
+            user=user,
+            action=Action.OUTBOX_KEY_RELEASE,
+            model=model_label(OutboxEvent),
+            source=source,
+            requested=1,
+            changed=changed,
+            filters={"topic": topic, "key": key},
+            note=note,
+        )
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    since: datetime
+    until: datetime
+    audit_id: int
+
+
+def analytics_run_action(
+    *,
+    user: Any,
+    source: str,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    note: str = "",
+) -> RunRequest:
+    """An operator asks for an analytics run (admin button, API): checks the permission,
+    queues the job once the transaction commits and logs it. Without a window, the last one
+    the SLA has closed (the beat's window)."""
+    require_permission(user, AnalyticsRunPermission.RUN)
+    with transaction.atomic():
+        since, until = analytics_run_queue(
+            since=since,
+            until=until,
+            trigger=AnalyticsRun.Trigger.API if source == "api" else AnalyticsRun.Trigger.ADMIN,
+        )
+        record = operator_action_record(
+            user=user,
+            action=Action.ANALYTICS_RUN,
+            model=model_label(AnalyticsRun),
+            source=source,
+            requested=1,
+            filters={"since": since.isoformat(), "until": until.isoformat()},
+            note=note,
+        )
+    return RunRequest(since=since, until=until, audit_id=record.pk)

@@ -1,0 +1,475 @@
+"""Reads for the console across apps (dashboard, stats API, /metrics, an event's timeline),
+each cheap on tables of millions of rows: exact counts only where an index keeps them small,
+estimates elsewhere, and Kafka calls with a short timeout whose failure is a state to show,
+never an error page."""
+
+import functools
+import hashlib
+import logging
+import os
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+from django.conf import settings
+from django.core.cache import cache
+from django.db import DatabaseError, connection, transaction
+from django.db.models import Count, Max, Model, QuerySet, Sum
+from django.utils import timezone
+
+from inbox.models import InboxMessage
+from outbox.models import OutboxEvent
+from outbox.selectors import outbox_oldest_pending_age_seconds
+from project.kafka import kafka_connection_config
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Kafka's "no committed offset" sentinel (OFFSET_INVALID).
+NO_OFFSET = -1001
+# Above this many rows (PostgreSQL's estimate), the DONE count is estimated rather than counted.
+EXACT_DONE_COUNT_MAX_ROWS = 200_000
+
+
+def event_consumers(*, event_id: uuid.UUID | str) -> QuerySet[InboxMessage]:
+    """An outbox event's timeline across consumer groups: its inbox rows, in the order they
+    were received, without their heavy columns."""
+    return (
+        InboxMessage.objects.filter(event_id=str(event_id))
+        .defer("payload", "headers", "raw_value")
+        .order_by("received_at")
+    )
+
+
+def table_row_estimate(table: str) -> int:
+    """PostgreSQL's planner estimate of a table's rows (pg_class.reltuples), -1 if unknown."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", [table]
+        )
+        row = cursor.fetchone()
+    return int(row[0]) if row and row[0] is not None else -1
+
+
+@dataclass(frozen=True)
+class StatusCounts:
+    counts: dict[str, int]
+    # DONE is PostgreSQL's estimate of the table minus the exact PENDING and FAILED counts.
+    done_estimated: bool
+
+
+def status_counts(model: type[Model]) -> StatusCounts:
+    """Counts by status. PENDING and FAILED are counted exactly (the status index keeps them
+    cheap while they are few); DONE, usually nearly all rows, is estimated on big tables."""
+    table = model._meta.db_table
+    manager = model._default_manager
+    counts = {status: manager.filter(status=status).count() for status in ("PENDING", "FAILED")}
+    estimate = table_row_estimate(table)
+    if estimate > EXACT_DONE_COUNT_MAX_ROWS:
+        counts["DONE"] = max(0, estimate - counts["PENDING"] - counts["FAILED"])
+        return StatusCounts(counts=counts, done_estimated=True)
+    counts["DONE"] = manager.filter(status="DONE").count()
+    return StatusCounts(counts=counts, done_estimated=False)
+
+
+@dataclass(frozen=True)
+class RateSeries:
+    labels: list[str]
+    published: list[int]
+    consumed: list[int]
+
+
+def _bucket_counts(table: str, column: str, *, since: datetime, bucket: str) -> dict[datetime, int]:
+    # Only the range of one index (published_at / processed_at) is read.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT date_bin(%s::interval, {column}, %s) AS bucket, count(*) "  # noqa: S608
+            f"FROM {table} WHERE {column} >= %s GROUP BY 1",
+            [bucket, since, since],
+        )
+        return {row[0]: row[1] for row in cursor.fetchall()}
+
+
+def rate_series(*, period: timedelta, bucket: timedelta) -> RateSeries:
+    """Events published (outbox) and messages processed (inbox) per bucket over the period."""
+    now = timezone.now()
+    buckets = int(period / bucket)
+    start = now - bucket * buckets
+    # Buckets aligned to whole bucket lengths since the epoch, so they read like a clock.
+    epoch = datetime(2000, 1, 1, tzinfo=now.tzinfo)
+    start = epoch + bucket * ((start - epoch) // bucket)
+    interval = f"{int(bucket.total_seconds())} seconds"
+    published = _bucket_counts("outbox_event", "published_at", since=start, bucket=interval)
+    consumed = _bucket_counts("inbox_message", "processed_at", since=start, bucket=interval)
+    slots = [start + bucket * index for index in range(buckets + 1)]
+    label_format = "%H:%M" if bucket < timedelta(hours=1) else "%d %H:00"
+    return RateSeries(
+        labels=[slot.strftime(label_format) for slot in slots],
+        published=[published.get(slot, 0) for slot in slots],
+        consumed=[consumed.get(slot, 0) for slot in slots],
+    )
+
+
+# Failures by class are read from the latest FAILED rows of each side, so the card stays cheap
+# however many rows have failed: finding them walks the outbox by creation time, and with 2%
+# of a million rows FAILED, 1,000 of them cost a fifth of what 5,000 did.
+FAILURE_SAMPLE_ROWS = 1000
+
+
+def failures_by_error_class(*, limit: int = 10) -> list[dict[str, Any]]:
+    """FAILED rows by the class of their last error (the text before ':'), among the latest
+    FAILURE_SAMPLE_ROWS FAILED rows of the outbox and of the inbox that no operator discarded."""
+    error_class = "split_part(split_part(last_error, E'\\n', 1), ':', 1)"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT side, error_class, count(*) FROM (
+                (SELECT 'outbox' AS side, {error_class} AS error_class FROM outbox_event
+                 WHERE status = 'FAILED' AND discarded_at IS NULL
+                 ORDER BY created_at DESC LIMIT %(sample)s)
+                UNION ALL
+                (SELECT 'inbox', {error_class} FROM inbox_message
+                 WHERE status = 'FAILED' AND discarded_at IS NULL
+                 ORDER BY received_at DESC LIMIT %(sample)s)
+            ) AS failed
+            GROUP BY 1, 2 ORDER BY 3 DESC LIMIT %(limit)s
+            """,  # noqa: S608
+            {"sample": FAILURE_SAMPLE_ROWS, "limit": limit},
+        )
+        return [
+            {"side": side, "error_class": error_class or "(no error text)", "count": count}
+            for side, error_class, count in cursor.fetchall()
+        ]
+
+
+def duplicates_since(since: datetime) -> dict[str, int]:
+    """Inbox rows received since `since` that were delivered more than once, and the copies."""
+    row = InboxMessage.objects.filter(received_at__gte=since, duplicate_count__gt=0).aggregate(
+        messages=Count("id"), copies=Sum("duplicate_count")
+    )
+    return {"messages": int(row["messages"] or 0), "copies": int(row["copies"] or 0)}
+
+
+def cached(key: str, compute: Callable[[], T]) -> T:
+    """`compute()`, cached for CONSOLE_DASHBOARD_CACHE_SECONDS: the dashboard's slower reads
+    (quarantined keys, failures by class, the day's rates) need not run on every refresh."""
+    seconds = settings.CONSOLE_DASHBOARD_CACHE_SECONDS
+    if seconds <= 0:
+        return compute()
+    full_key = f"console:{key}:{connection.settings_dict['NAME']}"
+    value = cache.get(full_key)
+    if value is None:
+        value = compute()
+        cache.set(full_key, value, seconds)
+    return value
+
+
+# --- Kafka: consumer group lag -----------------------------------------------------------------
+
+
+@dataclass
+class PartitionLag:
+    group: str
+    topic: str
+    partition: int
+    committed: int | None
+    high_watermark: int
+    lag: int
+
+
+@dataclass
+class ConsumerLag:
+    reachable: bool
+    error: str = ""
+    partitions: list[PartitionLag] = field(default_factory=list)
+    checked_at: str = ""
+
+    def total_by_group(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for row in self.partitions:
+            totals[row.group] = totals.get(row.group, 0) + row.lag
+        return totals
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "total_by_group": self.total_by_group()}
+
+
+def console_consumer_groups() -> dict[str, list[str]]:
+    """Groups to watch and their topics: the groups with handlers here, and the configured ones
+    (whose topics are those they committed offsets for)."""
+    from inbox.registry import get_registry
+
+    registry = get_registry()
+    groups: dict[str, list[str]] = {group: registry.topics(group) for group in registry.groups()}
+    for group in settings.CONSOLE_CONSUMER_GROUPS:
+        groups.setdefault(group, [])
+    return groups
+
+
+def _admin_client(timeout: float) -> AdminClient:
+    # One client per process and configuration, kept: a new one per dashboard refresh paid
+    # its connection set-up every time. Keyed by pid too, since a librdkafka client does not
+    # survive a fork (gunicorn and Celery fork their workers).
+    return _process_admin_client(
+        os.getpid(), settings.KAFKA_BOOTSTRAP_SERVERS, max(1, int(timeout * 1000))
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _process_admin_client(pid: int, bootstrap_servers: str, milliseconds: int) -> AdminClient:
+    return AdminClient(
+        {
+            **kafka_connection_config(),
+            "socket.timeout.ms": milliseconds,
+            "socket.connection.setup.timeout.ms": milliseconds,
+            "reconnect.backoff.max.ms": milliseconds,
+        }
+    )
+
+
+def _read_consumer_lag(groups: dict[str, list[str]], timeout: float) -> ConsumerLag:
+    admin = _admin_client(timeout)
+    metadata = admin.list_topics(timeout=timeout)
+    wanted: dict[str, list[TopicPartition]] = {}
+    for group, topics in groups.items():
+        wanted[group] = [
+            TopicPartition(topic, partition)
+            for topic in topics
+            if topic in metadata.topics
+            for partition in sorted(metadata.topics[topic].partitions)
+        ]
+    committed: dict[tuple[str, str, int], int] = {}
+    for group, partitions in wanted.items():
+        request = ConsumerGroupTopicPartitions(group, partitions or None)
+        future = admin.list_consumer_group_offsets([request], request_timeout=timeout)[group]
+        for tp in future.result(timeout=timeout + 1).topic_partitions or []:
+            committed[(group, tp.topic, tp.partition)] = tp.offset
+    partitions_needed = {(topic, partition) for _, topic, partition in committed}
+    highs: dict[tuple[str, int], int] = {}
+    if partitions_needed:
+        futures = admin.list_offsets(
+            {TopicPartition(t, p): OffsetSpec.latest() for t, p in partitions_needed},
+            request_timeout=timeout,
+        )
+        for tp, future in futures.items():
+            highs[(tp.topic, tp.partition)] = future.result(timeout=timeout + 1).offset
+    rows = []
+    for (group, topic, partition), offset in sorted(committed.items()):
+        high = highs.get((topic, partition), 0)
+        has_commit = offset is not None and offset >= 0
+        rows.append(
+            PartitionLag(
+                group=group,
+                topic=topic,
+                partition=partition,
+                committed=offset if has_commit else None,
+                high_watermark=high,
+                # A group with no commit yet has the whole log ahead of it (auto.offset.reset
+                # earliest); the log start is not subtracted, so this is an upper bound.
+                lag=max(0, high - offset) if has_commit else high,
+            )
+        )
+    return ConsumerLag(reachable=True, partitions=rows, checked_at=timezone.now().isoformat())
+
+
+def consumer_lag(*, use_cache: bool = True) -> ConsumerLag:
+    """Committed offset against high watermark per group, topic and partition, read from Kafka
+    within CONSOLE_KAFKA_TIMEOUT_SECONDS. An unreachable Kafka gives reachable=False."""
+    groups = console_consumer_groups()
+    # Hashed: group names and addresses may hold characters cache backends refuse in keys.
+    scope = hashlib.sha256(f"{settings.KAFKA_BOOTSTRAP_SERVERS}|{sorted(groups)}".encode())
+    key = f"console:consumer-lag:{scope.hexdigest()[:32]}"
+    if use_cache:
+        cached = cache.get(key)
+        if cached is not None:
+            return ConsumerLag(
+                reachable=cached["reachable"],
+                error=cached["error"],
+                partitions=[PartitionLag(**row) for row in cached["partitions"]],
+                checked_at=cached["checked_at"],
+            )
+    try:
+        lag = _read_consumer_lag(groups, settings.CONSOLE_KAFKA_TIMEOUT_SECONDS)
+    except (KafkaException, TimeoutError, OSError, ValueError) as error:
+        logger.info("Kafka unreachable for the console: %s", error)
+        lag = ConsumerLag(
+            reachable=False,
+            error=f"Kafka unreachable at {settings.KAFKA_BOOTSTRAP_SERVERS}: "
+            f"{error.__class__.__name__}: {error}"[:500],
+            checked_at=timezone.now().isoformat(),
+        )
+    except Exception as error:  # futures raise plain exceptions for broker-side errors
+        logger.warning("Kafka lag read failed: %s", error)
+        lag = ConsumerLag(
+            reachable=False,
+            error=f"Kafka lag unavailable: {error}"[:500],
+            checked_at=timezone.now().isoformat(),
+        )
+    cache.set(key, asdict(lag), settings.CONSOLE_KAFKA_CACHE_SECONDS)
+    return lag
+
+
+# --- health of each part --------------------------------------------------------------------
+
+GREEN, AMBER, RED, GREY = "green", "amber", "red", "grey"
+
+
+@dataclass(frozen=True)
+class PartHealth:
+    name: str
+    colour: str
+    detail: str
+
+
+def _colour_for_age(age: float | None, thresholds: list[float]) -> str:
+    if age is None:
+        return GREY
+    amber, red = thresholds[0], thresholds[1]
+    return GREEN if age < amber else AMBER if age < red else RED
+
+
+def _redis_health() -> PartHealth:
+    import redis
+
+    try:
+        client = redis.Redis.from_url(
+            settings.CELERY_BROKER_URL, socket_timeout=0.5, socket_connect_timeout=0.5
+        )
+        client.ping()
+        client.close()
+    except (redis.RedisError, OSError, ValueError) as error:
+        return PartHealth("Redis", RED, f"unreachable: {error}"[:200])
+    return PartHealth("Redis", GREEN, "answers PING")
+
+
+def _beat_last_tick() -> datetime | None:
+    from django_celery_beat.models import PeriodicTask
+
+    last: datetime | None = PeriodicTask.objects.aggregate(last=Max("last_run_at"))["last"]
+    return last
+
+
+def health_parts(*, kafka: ConsumerLag, oldest_pending_age: float | None) -> list[PartHealth]:
+    now = timezone.now()
+    parts = []
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        parts.append(PartHealth("PostgreSQL", GREEN, connection.settings_dict["NAME"]))
+    except DatabaseError as error:
+        parts.append(PartHealth("PostgreSQL", RED, str(error)[:200]))
+    parts.append(
+        PartHealth("Kafka", GREEN, "reachable")
+        if kafka.reachable
+        else PartHealth("Kafka", RED, kafka.error or "unreachable")
+    )
+    parts.append(_redis_health())
+    last_tick = _beat_last_tick()
+    tick_age = None if last_tick is None else (now - last_tick).total_seconds()
+    parts.append(
+        PartHealth(
+            "Celery beat",
+            _colour_for_age(tick_age, settings.CONSOLE_BEAT_STALE_SECONDS),
+            "never ticked" if last_tick is None else f"last tick {int(tick_age or 0)} s ago",
+        )
+    )
+    last_success = OutboxEvent.objects.aggregate(last=Max("published_at"))["last"]
+    # The relay is healthy while nothing waits long, however long ago it last had work.
+    colour = (
+        GREEN
+        if oldest_pending_age is None
+        else _colour_for_age(oldest_pending_age, settings.CONSOLE_PENDING_AGE_SECONDS)
+    )
+    detail = (
+        "never published"
+        if last_success is None
+        else f"last publish {int((now - last_success).total_seconds())} s ago"
+    )
+    if oldest_pending_age is not None:
+        detail += f"; oldest pending {int(oldest_pending_age)} s"
+    parts.append(PartHealth("Relay", colour, detail))
+    return parts
+
+
+# --- analytics, when that app provides its selectors -----------------------------------------
+
+
+def latest_analytics() -> dict[str, Any] | None:
+    """The latest succeeded analytics run, or None when analytics is absent or has no run."""
+    try:
+        from analytics import selectors as analytics_selectors
+
+        with transaction.atomic():
+            run = analytics_selectors.analytics_run_latest()
+    except Exception as error:  # the console works without analytics
+        logger.debug("No analytics results: %s", error)
+        return None
+    if run is None:
+        return None
+    summary = run.summary if isinstance(run.summary, dict) else {}
+    return {
+        "window_start": run.window_start,
+        "window_end": run.window_end,
+        "finished_at": run.finished_at,
+        "summary": summary,
+    }
+
+
+# Hours of analytics results the dashboard's charts show, and the findings it lists.
+ANALYTICS_CHART_HOURS = 48
+ANALYTICS_DASHBOARD_FINDINGS = 20
+
+
+def analytics_dashboard() -> dict[str, Any] | None:
+    """The analytics results over the last ANALYTICS_CHART_HOURS hours that have any (lag
+    percentiles per stage, duplicate rate) and the latest run's first findings; None when
+    analytics is absent or has no results."""
+    try:
+        from analytics import selectors as analytics_selectors
+
+        with transaction.atomic():
+            window = analytics_selectors.analytics_hours(hours=ANALYTICS_CHART_HOURS)
+            if window is None:
+                return None
+            since, until = window
+            run = analytics_selectors.analytics_run_latest()
+            findings = analytics_selectors.reconciliation_finding_list(run=run)
+            return {
+                "since": since,
+                "until": until,
+                "lag": analytics_selectors.delivery_lag_hourly(since=since, until=until),
+                "duplicates": analytics_selectors.duplicate_rate_hourly(since=since, until=until),
+                "findings": list(findings[:ANALYTICS_DASHBOARD_FINDINGS]),
+                "findings_total": run.findings if run is not None else 0,
+                "run_id": run.pk if run is not None else None,
+            }
+    except Exception as error:  # the console works without analytics
+        logger.debug("No analytics results: %s", error)
+        return None
+
+
+# --- everything at once: the dashboard and /api/stats/summary/ ---------------------------------
+
+
+def console_summary() -> dict[str, Any]:
+    outbox_counts = status_counts(OutboxEvent)
+    inbox_counts = status_counts(InboxMessage)
+    oldest = outbox_oldest_pending_age_seconds()
+    now = timezone.now()
+    return {
+        "outbox": {
+            "counts": outbox_counts.counts,
+            "done_estimated": outbox_counts.done_estimated,
+            "oldest_pending_age_seconds": oldest,
+        },
+        "inbox": {
+            "counts": inbox_counts.counts,
+            "done_estimated": inbox_counts.done_estimated,
+            "duplicates_last_hour": duplicates_since(now - timedelta(hours=1)),
+        },
+        "failures_by_error_class": cached("failures", failures_by_error_class),
+    }

@@ -1,8 +1,0 @@
-from rest_framework.routers import SimpleRouter
-
-from inbox.api.views import InboxMessageViewSet
-
-router = SimpleRouter()
-router.register("messages", InboxMessageViewSet, basename="inbox-message")
-
-urlpatterns = router.urls

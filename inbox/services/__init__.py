@@ -1,0 +1,1 @@
+"""Writes of the inbox: recording, handler_runs, offsets, retries, repairs, retention."""

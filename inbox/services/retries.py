@@ -1,0 +1,104 @@
+"""Retries: a due PENDING row run again by its handler, from the retry task, and rows made
+due now by an operator."""
+
+from collections.abc import Sequence
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from inbox import metrics
+from inbox.errors import NoHandlerForRetry
+from inbox.models import InboxMessage
+from inbox.registry import HandlerRegistry, get_registry
+from inbox.services.handler_runs import _run_handler, format_error
+from inbox.services.recording import PENDING, _failure_state
+from inbox.services.repairs import _replayable_failed
+
+
+def inbox_message_retry(
+    *, message_id: int, registry: HandlerRegistry | None = None
+) -> InboxMessage | None:
+    """Runs the handler of one due PENDING row from its stored payload, in its own
+    transaction. Returns None when the row is gone, not due, or locked by another worker."""
+    registry = registry if registry is not None else get_registry()
+    with transaction.atomic():
+        message = (
+            InboxMessage.objects.select_for_update(skip_locked=True)
+            .filter(id=message_id, status=PENDING, next_attempt_at__lte=timezone.now())
+            .first()
+        )
+        if message is None:
+            return None
+        entry = registry.get(group=message.consumer_group, event_type=message.event_type)
+        error: BaseException | None
+        if entry is None:
+            error = NoHandlerForRetry(
+                f"No handler for {message.event_type!r} in group {message.consumer_group!r} "
+                "in this process; is its app installed and its handlers.py imported?"
+            )
+            seconds = 0.0
+        else:
+            error, seconds = _run_handler(entry, message)
+        finished = timezone.now()
+        message.attempts += 1
+        if error is None:
+            message.status = InboxMessage.Status.DONE
+            message.processed_at = finished
+            message.next_attempt_at = None
+            message.last_error = ""
+        else:
+            status, message.next_attempt_at = _failure_state(
+                attempts=message.attempts, now=finished
+            )
+            message.status = InboxMessage.Status(status)
+            message.last_error = format_error(error)
+        message.save(
+            update_fields=["status", "attempts", "next_attempt_at", "last_error", "processed_at"]
+        )
+    group = message.consumer_group
+    metrics.HANDLER_SECONDS.labels(group).observe(seconds)
+    if error is None:
+        metrics.PROCESSED.labels(group).inc()
+        if message.published_at is not None:
+            metrics.CONSUME_LAG_SECONDS.labels(group).observe(
+                (finished - message.published_at).total_seconds()
+            )
+    else:
+        metrics.FAILED.labels(group, "handler").inc()
+    return message
+
+
+def inbox_messages_retry_due(
+    *, limit: int | None = None, registry: HandlerRegistry | None = None
+) -> dict[str, int]:
+    """Retries up to `limit` due rows, oldest due first. Returns counts by outcome."""
+    from inbox.selectors import inbox_message_ids_due_for_retry
+
+    limit = limit or settings.INBOX_RETRY_BATCH_SIZE
+    counts = {"done": 0, "pending": 0, "failed": 0, "skipped": 0}
+    for message_id in inbox_message_ids_due_for_retry(limit=limit):
+        message = inbox_message_retry(message_id=message_id, registry=registry)
+        if message is None:
+            counts["skipped"] += 1
+        else:
+            counts[message.status.lower()] += 1
+    return counts
+
+
+def inbox_messages_retry(*, message_ids: Sequence[int]) -> int:
+    """Makes rows run again now: a PENDING row waiting for its backoff becomes due, a FAILED
+    row is replayed (fresh retry budget). DONE rows, and FAILED rows an operator discarded
+    (replay those on purpose), are left alone. Returns how many changed."""
+    if not message_ids:
+        return 0
+    with transaction.atomic():
+        made_due = InboxMessage.objects.filter(
+            pk__in=list(message_ids), status=PENDING, next_attempt_at__gt=timezone.now()
+        ).update(next_attempt_at=timezone.now())
+        replayed = (
+            _replayable_failed(message_ids)
+            .filter(discarded_at__isnull=True)
+            .update(status=PENDING, attempts=0, next_attempt_at=timezone.now())
+        )
+    return made_due + replayed

@@ -1,0 +1,64 @@
+"""The on-commit nudge: a transaction that published events wakes a relay through Celery,
+at most once per OUTBOX_NUDGE_MIN_INTERVAL_MS across all processes."""
+
+import functools
+import time
+
+import redis
+from django.conf import settings
+from django.db import connection, transaction
+
+NUDGE_EXPIRES_SECONDS = 5.0
+
+
+def nudge_relay_on_commit() -> None:
+    # One nudge per transaction, however many events it publishes.
+    if any(entry[1] is _send_relay_nudge for entry in connection.run_on_commit):
+        return
+    transaction.on_commit(_send_relay_nudge, robust=True)
+
+
+_last_nudge_at = 0.0
+
+
+def _send_relay_nudge() -> None:
+    from outbox.tasks import relay
+
+    # At most one nudge per OUTBOX_NUDGE_MIN_INTERVAL_MS: under load, a relay run started by
+    # the previous nudge is still looping over the new events, and a flood of nudges would
+    # only queue empty runs that take CPU from the work. A skipped nudge waits at most for
+    # the next one or the next beat tick; the outbox table, not the nudge, is the source of
+    # truth. Checked in this process first (free), then across all processes (Redis).
+    global _last_nudge_at
+    interval_ms = settings.OUTBOX_NUDGE_MIN_INTERVAL_MS
+    now = time.monotonic()
+    if now - _last_nudge_at < interval_ms / 1000:
+        return
+    _last_nudge_at = now
+    if not _take_shared_nudge_slot(interval_ms):
+        return
+    # A nudge still queued after NUDGE_EXPIRES_SECONDS is dropped: beat's tick has come since.
+    relay.apply_async(ignore_result=True, retry=False, expires=NUDGE_EXPIRES_SECONDS)
+
+
+def relay_nudge_key() -> str:
+    # Per database: relays of other databases sharing the Redis are not held back.
+    return f"outbox:relay-nudge:{connection.settings_dict['NAME']}"
+
+
+@functools.cache
+def _broker_redis(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+
+
+def _take_shared_nudge_slot(interval_ms: int) -> bool:
+    """True for the first caller in all processes within `interval_ms`. A broker that is not
+    Redis, or a Redis that does not answer, does not hold nudges back (apply_async then
+    reports the broker's state as it always did)."""
+    url = settings.CELERY_BROKER_URL
+    if interval_ms <= 0 or not url.startswith(("redis://", "rediss://")):
+        return True
+    try:
+        return bool(_broker_redis(url).set(relay_nudge_key(), 1, nx=True, px=interval_ms))
+    except redis.RedisError:
+        return True

@@ -1,0 +1,234 @@
+"""publish(): records an event in the caller's database transaction, having checked it."""
+
+import json
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connection, transaction
+from django.utils import timezone
+
+from outbox.errors import (
+    DuplicateEvent,
+    InvalidEvent,
+    InvalidPayload,
+    NotInTransaction,
+    PayloadTooLarge,
+)
+from outbox.models import OutboxEvent
+from outbox.services.nudge import nudge_relay_on_commit
+from outbox.tracing import TRACEPARENT_HEADER, caller_traceparent
+
+# Kafka's legal topic names: ASCII letters, digits, '.', '_' and '-', at most 249 characters.
+TOPIC_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+IDENTIFIER_MAX_LENGTH = 255
+# Headers every record carries; an event's own headers may not replace them.
+STANDARD_HEADERS = frozenset(
+    {"event_id", "event_type", "aggregate_type", "aggregate_id", "created_at", "content-type"}
+)
+
+
+# An escaped NUL in JSON text (an odd run of backslashes before u0000): jsonb refuses it.
+JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _storable_text_problem(text: str) -> str | None:
+    """Why PostgreSQL or Kafka could not take `text` as it is, or None."""
+    if "\x00" in text:
+        return "contains a NUL character, which PostgreSQL text cannot store"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains a lone surrogate, which is not valid UTF-8"
+    return None
+
+
+def encode_payload(payload: Any) -> bytes:
+    """The payload as UTF-8 JSON, spaced as PostgreSQL prints jsonb (the relay sends that
+    text), so that the size limit counts what goes to Kafka."""
+    try:
+        text = json.dumps(
+            payload,
+            cls=DjangoJSONEncoder,
+            ensure_ascii=False,
+            allow_nan=False,
+            separators=(", ", ": "),
+        )
+    except (TypeError, ValueError) as error:
+        raise InvalidPayload(
+            f"The payload is not JSON-serialisable ({error}). Pass dicts, lists, strings, "
+            "numbers, booleans, None, or values Django's JSON encoder knows (dates, "
+            "decimals, UUIDs)."
+        ) from error
+    # json.dumps escapes control characters, so a NUL can only appear escaped.
+    if "\\u0000" in text and JSON_NUL.search(text):
+        raise InvalidPayload(
+            "The payload contains a NUL character (\\u0000), which PostgreSQL's jsonb cannot "
+            "store; remove it, or encode binary data (base64)."
+        )
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidPayload(
+            f"The payload contains a lone surrogate, which is not valid UTF-8 ({error})."
+        ) from error
+
+
+def _require_identifier(name: str, value: Any) -> str:
+    text = "" if value is None else str(value)
+    if not text.strip():
+        raise InvalidEvent(f"{name} must not be empty.")
+    if len(text) > IDENTIFIER_MAX_LENGTH:
+        raise InvalidEvent(
+            f"{name} is {len(text)} characters long; the limit is {IDENTIFIER_MAX_LENGTH}."
+        )
+    problem = _storable_text_problem(text)
+    if problem is not None:
+        raise InvalidEvent(f"{name} {problem}.")
+    return text
+
+
+def _resolve_topic(topic: str | None, *, aggregate_type: str, event_type: str) -> str:
+    if topic is None:
+        try:
+            topic = settings.OUTBOX_TOPIC_TEMPLATE.format(
+                aggregate_type=aggregate_type, event_type=event_type
+            )
+        except (KeyError, IndexError) as error:
+            raise InvalidEvent(
+                f"OUTBOX_TOPIC_TEMPLATE {settings.OUTBOX_TOPIC_TEMPLATE!r} uses an unknown "
+                f"field {error}; it may use {{aggregate_type}} and {{event_type}}."
+            ) from error
+    if not TOPIC_NAME_PATTERN.match(topic) or topic in (".", ".."):
+        raise InvalidEvent(
+            f"Kafka would refuse the topic name {topic!r}: use 1 to 249 ASCII letters, digits, "
+            "'.', '_' or '-' (and not '.' or '..')."
+        )
+    return topic
+
+
+def _resolve_headers(headers: Mapping[str, Any] | None) -> dict[str, str]:
+    resolved: dict[str, str] = {}
+    for name, value in (headers or {}).items():
+        if not isinstance(name, str) or not name:
+            raise InvalidEvent(f"Header names must be non-empty strings, got {name!r}.")
+        if name in STANDARD_HEADERS:
+            raise InvalidEvent(
+                f"The header {name!r} is set by the outbox itself; choose another name."
+            )
+        if not isinstance(value, str):
+            raise InvalidEvent(
+                f"The value of header {name!r} must be a string, got {type(value).__name__}."
+            )
+        problem = _storable_text_problem(name) or _storable_text_problem(value)
+        if problem is not None:
+            raise InvalidEvent(f"The header {name!r} {problem}.")
+        resolved[name] = value
+    if TRACEPARENT_HEADER not in resolved:
+        traceparent = caller_traceparent()
+        if traceparent:
+            resolved[TRACEPARENT_HEADER] = traceparent
+    return resolved
+
+
+def _resolve_event_id(event_id: uuid.UUID | str | None) -> uuid.UUID:
+    if event_id is None:
+        return uuid.uuid4()
+    if isinstance(event_id, uuid.UUID):
+        return event_id
+    try:
+        return uuid.UUID(str(event_id))
+    except ValueError as error:
+        raise InvalidEvent(f"event_id {event_id!r} is not a UUID.") from error
+
+
+# Every column publish() sets; the others take their defaults (NULL or the sequence).
+PUBLISH_SQL = """
+INSERT INTO outbox_event (id, aggregatetype, aggregateid, type, payload, headers, topic, key,
+                          status, attempts, next_attempt_at, last_error, created_at,
+                          updated_at, locked_by)
+VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, %s, 'PENDING', 0, %s, '', %s, %s, '')
+ON CONFLICT (id) DO NOTHING
+RETURNING position
+"""
+
+
+def outbox_event_publish(
+    *,
+    aggregate_type: str,
+    aggregate_id: Any,
+    event_type: str,
+    payload: Any,
+    topic: str | None = None,
+    key: str | None = None,
+    headers: Mapping[str, Any] | None = None,
+    event_id: uuid.UUID | str | None = None,
+) -> OutboxEvent:
+    """Records an event in the caller's database transaction.
+
+    Call inside `transaction.atomic()`: the event exists only if that transaction commits.
+    Raises an OutboxError subclass, having written nothing, when the input is bad.
+    """
+    if not transaction.get_connection().in_atomic_block:
+        raise NotInTransaction(
+            "outbox.publish() must run inside transaction.atomic(), so that the event commits "
+            "or rolls back with the business change it describes."
+        )
+    aggregate_type = _require_identifier("aggregate_type", aggregate_type)
+    aggregate_id = _require_identifier("aggregate_id", aggregate_id)
+    event_type = _require_identifier("event_type", event_type)
+    key = aggregate_id if key is None else _require_identifier("key", key)
+    encoded = encode_payload(payload)
+    if len(encoded) > settings.OUTBOX_MAX_PAYLOAD_BYTES:
+        raise PayloadTooLarge(
+            f"The encoded payload is {len(encoded)} bytes; OUTBOX_MAX_PAYLOAD_BYTES allows "
+            f"{settings.OUTBOX_MAX_PAYLOAD_BYTES}. Store large documents elsewhere and publish "
+            "a reference to them."
+        )
+    event = OutboxEvent(
+        id=_resolve_event_id(event_id),
+        aggregate_type=aggregate_type,
+        aggregate_id=aggregate_id,
+        event_type=event_type,
+        # What is stored is exactly what the relay will send: the JSON of the encoded bytes.
+        payload=json.loads(encoded),
+        headers=_resolve_headers(headers),
+        topic=_resolve_topic(topic, aggregate_type=aggregate_type, event_type=event_type),
+        key=key,
+    )
+    event.created_at = event.next_attempt_at = event.updated_at = timezone.now()
+    # One statement written by hand rather than Model.save(): publish() runs in the business
+    # transaction of every caller, and save() costs about as much CPU again (the payload
+    # encoded twice more, the INSERT compiled each time). ON CONFLICT tells a repeated event
+    # id without a savepoint, and the caller's transaction stays usable.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            PUBLISH_SQL,
+            [
+                event.id,
+                event.aggregate_type,
+                event.aggregate_id,
+                event.event_type,
+                encoded.decode("utf-8"),
+                json.dumps(event.headers),
+                event.topic,
+                event.key,
+                event.next_attempt_at,
+                event.created_at,
+                event.updated_at,
+            ],
+        )
+        inserted = cursor.fetchone()
+    if inserted is None:
+        raise DuplicateEvent(
+            f"An event with id {event.id} already exists; an event id is used once."
+        )
+    event.position = inserted[0]
+    event._state.adding = False
+    event._state.db = connection.alias
+    if settings.OUTBOX_NUDGE_ON_COMMIT:
+        nudge_relay_on_commit()
+    return event

@@ -1,1 +1,0 @@
-"""Pieces every API of the console shares: errors, pagination, permissions, filtering."""
