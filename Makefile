@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: scenarios results browser-deps bench-console venv services-up services-down services-status run test lint format requirements spark-jars bench-analytics
+.PHONY: scenarios scenarios-down results browser-deps bench-console venv services-up services-down services-status run test lint format requirements spark-jars bench-analytics
 
 $(VENV)/.installed: requirements.txt
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; the project needs Python 3.11" >&2; exit 1; }
@@ -66,8 +66,13 @@ bench-console: venv services-up
 
 # The fault-injection scenarios at full size (100,000 events; 20,000 for the fault-heavy ones)
 # on their own isolated 3-broker cluster, then a table. SCENARIO_ARGS="relay-kill --events 5000".
+# They stop the isolated services they started when they end (SCENARIO_ARGS="--keep-services"
+# leaves them up); `make scenarios-down` stops them.
 scenarios: venv
 	$(BIN)/python manage.py scenario_run $(SCENARIO_ARGS)
+
+scenarios-down: venv
+	$(BIN)/python manage.py scenario_services down
 
 # Runs the outbox, inbox and analytics benchmarks and the full scenario suite and writes
 # docs/RESULTS.md. RESULTS_ARGS="--scenario-events 5000" for a quicker page.

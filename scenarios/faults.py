@@ -1,7 +1,8 @@
 """The scenarios' own, isolated set of services, and the faults injected into it.
 
 Every fault acts on this set only (its own LOCAL_DIR and ports, through scripts/services.sh):
-the developers' PostgreSQL, Redis and Kafka on the default ports are never touched."""
+the developers' PostgreSQL, Redis and Kafka on the default ports are never touched, nor the
+isolated services of another checkout (scenarios/ports.py)."""
 
 import logging
 import os
@@ -14,51 +15,58 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 from django.conf import settings
 
+from scenarios import ports
+
 logger = logging.getLogger(__name__)
 
 SERVICES_SCRIPT = Path(settings.BASE_DIR) / "scripts" / "services.sh"
-BROKERS = 3
-KAFKA_PORT_BASE = 19091
-KAFKA_CONTROLLER_PORT_BASE = 39091
-BOOTSTRAP_SERVERS = ",".join(
-    f"127.0.0.1:{KAFKA_PORT_BASE + node}" for node in range(1, BROKERS + 1)
-)
-DATABASE_URL = "postgres://outbox:outbox@127.0.0.1:55432/scenarios"
-REDIS_URL = "redis://127.0.0.1:56379/0"
+BROKERS = ports.BROKERS
+DATABASE_NAME = "scenarios"
 # How long a restarted broker may take to be back in every partition's in-sync replicas.
 ISR_WAIT_SECONDS = 120.0
 
 
 def local_dir() -> Path:
-    return Path(settings.BASE_DIR) / ".local" / "scenarios"
+    return ports.local_dir()
 
 
-def isolated_environment() -> dict[str, str]:
+def bootstrap_servers(block: ports.PortBlock | None = None) -> str:
+    block = block or ports.recorded_block()
+    return ",".join(f"127.0.0.1:{block.kafka(node)}" for node in range(1, BROKERS + 1))
+
+
+def isolated_environment(block: ports.PortBlock | None = None) -> dict[str, str]:
     """The variables that point services.sh and Django at the scenarios' services."""
+    block = block or ports.recorded_block()
     return {
         "LOCAL_DIR": str(local_dir()),
-        "DATABASE_URL": DATABASE_URL,
-        "CELERY_BROKER_URL": REDIS_URL,
+        "DATABASE_URL": f"postgres://outbox:outbox@127.0.0.1:{block.postgres}/{DATABASE_NAME}",
+        "CELERY_BROKER_URL": f"redis://127.0.0.1:{block.redis}/0",
         "KAFKA_BROKERS": str(BROKERS),
-        "KAFKA_PORT_BASE": str(KAFKA_PORT_BASE),
-        "KAFKA_CONTROLLER_PORT_BASE": str(KAFKA_CONTROLLER_PORT_BASE),
-        "KAFKA_BOOTSTRAP_SERVERS": BOOTSTRAP_SERVERS,
+        "KAFKA_PORT_BASE": str(block.kafka_port_base),
+        "KAFKA_CONTROLLER_PORT_BASE": str(block.controller_port_base),
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers(block),
     }
 
 
 def is_isolated() -> bool:
-    """True when this process's settings point at the isolated services."""
+    """True when this process's settings point at this checkout's isolated services."""
+    environment = isolated_environment()
     database = settings.DATABASES["default"]
     return (
-        settings.KAFKA_BOOTSTRAP_SERVERS == BOOTSTRAP_SERVERS
-        and str(database.get("PORT")) == DATABASE_URL.rsplit(":", 1)[1].split("/")[0]
-        and database.get("NAME") == "scenarios"
-        and settings.CELERY_BROKER_URL == REDIS_URL
+        environment["KAFKA_BOOTSTRAP_SERVERS"] == settings.KAFKA_BOOTSTRAP_SERVERS
+        and str(database.get("PORT")) == str(ports.recorded_block().postgres)
+        and database.get("NAME") == DATABASE_NAME
+        and environment["CELERY_BROKER_URL"] == settings.CELERY_BROKER_URL
     )
 
 
 def services(command: str, *arguments: str, timeout: float = 300.0) -> str:
-    """Runs `scripts/services.sh command arguments` on the isolated set; returns its output."""
+    """Runs `scripts/services.sh command arguments` on the isolated set; returns its output.
+    `up` first claims the ports (scenarios/ports.py): the set that answers is this
+    checkout's own, or it starts on ports nobody else uses."""
+    if command == "up":
+        claim_ports()
     result = subprocess.run(
         [str(SERVICES_SCRIPT), command, *arguments],
         env={**os.environ, **isolated_environment()},
@@ -75,8 +83,18 @@ def services(command: str, *arguments: str, timeout: float = 300.0) -> str:
     return result.stdout
 
 
+def claim_ports() -> ports.PortBlock:
+    """Makes sure the recorded ports are this checkout's, moving them if another holds them."""
+    return ports.claim_port_block(stop_own=lambda: services("down"))
+
+
+def running() -> bool:
+    """Whether any of this checkout's isolated services runs."""
+    return bool(ports.own_pids())
+
+
 def admin() -> AdminClient:
-    return AdminClient({"bootstrap.servers": BOOTSTRAP_SERVERS})
+    return AdminClient({"bootstrap.servers": bootstrap_servers()})
 
 
 def partition_leaders(topic: str) -> dict[int, int]:

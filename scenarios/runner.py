@@ -858,7 +858,7 @@ def _group_positions(topic: str, group: str) -> list[str]:
 
 
 def _poison_producer() -> Producer:
-    return Producer({"bootstrap.servers": faults.BOOTSTRAP_SERVERS, "acks": "all"})
+    return Producer({"bootstrap.servers": faults.bootstrap_servers(), "acks": "all"})
 
 
 def _produce_poison(producer: Producer, topic: str, number: int, keys: int) -> None:

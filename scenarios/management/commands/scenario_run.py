@@ -1,11 +1,12 @@
 """Runs fault-injection scenarios on the isolated 3-broker cluster and prints a table.
 
-    manage.py scenario_run [names...] [--events N] [--keys 1000] [--json PATH]
+    manage.py scenario_run [names...] [--events N] [--keys 1000] [--json PATH] [--keep-services]
 
 Without names it runs the twelve scenarios that must pass; without --events each runs at its
 full size (100,000 events; 20,000 for the fault-heavy ones). It starts the isolated services
-(scripts/services.sh up with the scenarios' environment) and re-runs itself under that
-environment when started with another; the default services are never touched."""
+(scripts/services.sh up with the scenarios' environment, on ports no other checkout holds:
+scenarios/ports.py), re-runs itself under that environment when started with another, and
+stops the services at the end if it started them; the default services are never touched."""
 
 import json
 import os
@@ -18,7 +19,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from scenarios import faults
-from scenarios.definitions import SCENARIOS, SUITE, pick
+from scenarios.definitions import SCENARIOS, SUITE, Scenario, pick
 from scenarios.runner import DEFAULT_KEYS, ScenarioResult, prepare_database, run_scenario
 
 COLUMNS = (
@@ -91,7 +92,10 @@ class Command(BaseCommand):
         parser.add_argument("--json", help="Also write the results to this file.")
         parser.add_argument("--list", action="store_true", help="List the scenarios and exit.")
         parser.add_argument(
-            "--down", action="store_true", help="Stop the isolated services at the end."
+            "--keep-services",
+            action="store_true",
+            help="Leave the isolated services running at the end, for debugging (by default "
+            "they are stopped if this run started them).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -104,38 +108,45 @@ class Command(BaseCommand):
             scenarios = pick(options["names"] or SUITE)
         except KeyError as error:
             raise CommandError(str(error)) from error
+        # Before this process's settings are fixed (the re-run below): the ports may move.
+        faults.claim_ports()
         if not faults.is_isolated():
             self._reexecute()
         # SIGTERM unwinds like an error, so the runner stops the processes it started.
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+        started_here = not faults.running()
+        try:
+            self._run(scenarios, options)
+        finally:
+            # On success, failure, Ctrl-C or SIGTERM: the services this run started stop.
+            if started_here and not options["keep_services"]:
+                self.stdout.write(faults.services("down").rstrip())
+
+    def _run(self, scenarios: list[Scenario], options: dict[str, Any]) -> None:
         self.stdout.write(faults.services("up", timeout=900).rstrip())
         prepare_database()
         results: list[ScenarioResult] = []
         self.stdout.write(table_header())
         self.stdout.flush()
-        try:
-            for scenario in scenarios:
-                result = run_scenario(
-                    scenario,
-                    events=options["events"] or scenario.full_events(),
-                    keys=options["keys"],
-                    seed=options["seed"],
+        for scenario in scenarios:
+            result = run_scenario(
+                scenario,
+                events=options["events"] or scenario.full_events(),
+                keys=options["keys"],
+                seed=options["seed"],
+            )
+            results.append(result)
+            self.stdout.write(table_row(result))
+            if not result.passed:
+                self.stdout.write("    " + "; ".join(result.problems()))
+            if result.delivered_before_last_fault:
+                self.stdout.write(
+                    "    every event was applied before the last fault began: it struck an "
+                    "idle system"
                 )
-                results.append(result)
-                self.stdout.write(table_row(result))
-                if not result.passed:
-                    self.stdout.write("    " + "; ".join(result.problems()))
-                if result.delivered_before_last_fault:
-                    self.stdout.write(
-                        "    every event was applied before the last fault began: it struck "
-                        "an idle system"
-                    )
-                self.stdout.flush()
-                if options["json"]:
-                    self._write_json(Path(options["json"]), results)
-        finally:
-            if options["down"]:
-                self.stdout.write(faults.services("down").rstrip())
+            self.stdout.flush()
+            if options["json"]:
+                self._write_json(Path(options["json"]), results)
         failed = [r.name for r in results if not r.as_expected]
         if failed:
             raise CommandError(f"scenarios not as expected: {', '.join(failed)}", returncode=1)

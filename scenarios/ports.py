@@ -1,0 +1,228 @@
+"""Where this checkout's isolated services listen, and proof that they are its own.
+
+The scenarios crash brokers and PostgreSQL through this checkout's pid files (under its
+`.local/scenarios`). Services of another checkout answering on the same ports would take the
+traffic while the faults hit nothing, so before the services start, the ports are claimed:
+- a block of ports (PostgreSQL, Redis, three brokers and their controllers) is recorded in
+  `.local/scenarios/port-block`; block 0 is 55432, 56379, 19092-19094 and 39092-39094, block
+  n adds n * 100 to each;
+- the recorded block is kept while every port of it that answers is served by a process whose
+  pid this checkout's pid files hold;
+- otherwise this checkout's services (if any) are stopped and it moves to the lowest block on
+  which nothing answers, saying which process of which folder held the ports.
+"""
+
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+logger = logging.getLogger(__name__)
+
+BROKERS = 3
+PORT_BLOCK_STEP = 100
+PORT_BLOCKS = 50
+# Overrides the folder of the isolated services (default: this checkout's .local/scenarios).
+LOCAL_DIR_VARIABLE = "SCENARIOS_LOCAL_DIR"
+
+
+def local_dir() -> Path:
+    configured = os.environ.get(LOCAL_DIR_VARIABLE)
+    return Path(configured) if configured else Path(settings.BASE_DIR) / ".local" / "scenarios"
+
+
+@dataclass(frozen=True)
+class PortBlock:
+    number: int
+
+    def _port(self, base: int) -> int:
+        return base + PORT_BLOCK_STEP * self.number
+
+    @property
+    def postgres(self) -> int:
+        return self._port(55432)
+
+    @property
+    def redis(self) -> int:
+        return self._port(56379)
+
+    @property
+    def kafka_port_base(self) -> int:
+        """Broker N (1-based) listens on this + N."""
+        return self._port(19091)
+
+    @property
+    def controller_port_base(self) -> int:
+        return self._port(39091)
+
+    def kafka(self, node: int) -> int:
+        return self.kafka_port_base + node
+
+    def controller(self, node: int) -> int:
+        return self.controller_port_base + node
+
+    def ports(self) -> dict[int, str]:
+        """Every port of the block, and the service that should answer on it."""
+        ports = {self.postgres: "postgres", self.redis: "redis"}
+        for node in range(1, BROKERS + 1):
+            ports[self.kafka(node)] = f"kafka node {node}"
+            ports[self.controller(node)] = f"kafka node {node}"
+        return ports
+
+
+def _block_file(local: Path) -> Path:
+    return local / "port-block"
+
+
+def recorded_block(local: Path | None = None) -> PortBlock:
+    """The block this checkout's services use (block 0 until one was claimed)."""
+    try:
+        return PortBlock(int(_block_file(local or local_dir()).read_text().strip()))
+    except (FileNotFoundError, ValueError):
+        return PortBlock(0)
+
+
+def alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _first_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (FileNotFoundError, IndexError, ValueError, PermissionError):
+        return None
+
+
+def own_pids(local: Path | None = None) -> dict[str, int]:
+    """The live processes this checkout's pid files name, by service."""
+    local = local or local_dir()
+    pid_files = {
+        "postgres": local / "postgres" / "data" / "postmaster.pid",
+        "redis": local / "redis" / "redis.pid",
+        **{
+            f"kafka node {node}": local / "kafka" / f"node-{node}" / "kafka.pid"
+            for node in range(1, BROKERS + 1)
+        },
+    }
+    found = {service: _first_int(path) for service, path in pid_files.items()}
+    return {service: pid for service, pid in found.items() if pid and alive(pid)}
+
+
+def listening_sockets() -> dict[int, set[str]]:
+    """Port -> inodes of the loopback or wildcard TCP sockets listening on it."""
+    listening: dict[int, set[str]] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == "0A":  # 0A: LISTEN
+                port = int(fields[1].rsplit(":", 1)[1], 16)
+                listening.setdefault(port, set()).add(fields[9])
+    return listening
+
+
+def socket_owners(inodes: set[str]) -> set[int]:
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    owners: set[int] = set()
+    for process in Path("/proc").iterdir():
+        if not process.name.isdigit():
+            continue
+        try:
+            for fd in (process / "fd").iterdir():
+                if os.readlink(fd) in wanted:
+                    owners.add(int(process.name))
+                    break
+        except (FileNotFoundError, PermissionError, ProcessLookupError):
+            continue
+    return owners
+
+
+def describe_process(pid: int) -> str:
+    """pid, command and working folder: enough to find the checkout it belongs to."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        folder = os.readlink(f"/proc/{pid}/cwd")
+    except (FileNotFoundError, PermissionError, ProcessLookupError):
+        return f"pid {pid}"
+    return f"pid {pid} ({command.strip()[:160]}) in {folder}"
+
+
+def foreign_listeners(block: PortBlock, local: Path | None = None) -> dict[int, list[int]]:
+    """The ports of `block` that processes not started by this checkout listen on, with
+    their pids (an empty list: a listener whose process could not be seen)."""
+    own = set(own_pids(local).values())
+    listening = listening_sockets()
+    foreign: dict[int, list[int]] = {}
+    for port in block.ports():
+        if port not in listening:
+            continue
+        owners = socket_owners(listening[port])
+        if not owners or not owners & own:
+            foreign[port] = sorted(owners)
+    return foreign
+
+
+def claim_port_block(
+    local: Path | None = None, *, stop_own: Callable[[], object] | None = None
+) -> PortBlock:
+    """The block whose ports this checkout's services may use (see the module's text);
+    records it. Called before the isolated services start; `stop_own` stops this checkout's
+    services on the recorded block before they move."""
+    local = local or local_dir()
+    recorded = recorded_block(local)
+    foreign = foreign_listeners(recorded, local)
+    if not foreign:
+        _record(local, recorded)
+        return recorded
+    holders = "; ".join(
+        f"port {port}: " + (", ".join(describe_process(pid) for pid in pids) or "unknown")
+        for port, pids in sorted(foreign.items())
+    )
+    if own_pids(local) and stop_own is not None:
+        stop_own()
+    listening = set(listening_sockets())
+    for number in range(PORT_BLOCKS):
+        candidate = PortBlock(number)
+        if number == recorded.number or set(candidate.ports()) & listening:
+            continue
+        logger.warning(
+            "The isolated services' ports of block %d are held by another owner (%s): this "
+            "checkout's services (%s) move to block %d (PostgreSQL %d, Redis %d, Kafka %d-%d).",
+            recorded.number,
+            holders,
+            local,
+            number,
+            candidate.postgres,
+            candidate.redis,
+            candidate.kafka(1),
+            candidate.kafka(BROKERS),
+        )
+        # The brokers' data was formatted for the old quorum's ports: a new cluster starts.
+        for node_dir in (local / "kafka").glob("node-*"):
+            shutil.rmtree(node_dir, ignore_errors=True)
+        _record(local, candidate)
+        return candidate
+    raise RuntimeError(
+        f"Every block of ports for the isolated services is in use ({holders}); stop another "
+        "checkout's isolated services with `manage.py scenario_services down` in its folder."
+    )
+
+
+def _record(local: Path, block: PortBlock) -> None:
+    local.mkdir(parents=True, exist_ok=True)
+    _block_file(local).write_text(f"{block.number}\n")
