@@ -8,12 +8,11 @@ from typing import Any
 from django.http import HttpRequest
 
 from analytics.models import AnalyticsRunPermission
+from console.consumer_lag import console_consumer_groups, consumer_lag
 from console.selectors import (
     analytics_dashboard,
     cached,
-    console_consumer_groups,
     console_summary,
-    consumer_lag,
     health_parts,
     latest_analytics,
     rate_series,

@@ -13,7 +13,8 @@ from rest_framework.views import APIView
 
 from console.api.exceptions import error_body
 from console.api.permissions import view_permission
-from console.selectors import console_summary, consumer_lag, latest_analytics, rate_series
+from console.consumer_lag import consumer_lag
+from console.selectors import console_summary, latest_analytics, rate_series
 from inbox.models import InboxMessage
 from outbox.models import OutboxEvent
 
