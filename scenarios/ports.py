@@ -165,15 +165,20 @@ def describe_process(pid: int) -> str:
 def foreign_listeners(block: PortBlock, local: Path | None = None) -> dict[int, list[int]]:
     """The ports of `block` that processes not started by this checkout listen on, with
     their pids (an empty list: a listener whose process could not be seen)."""
-    own = set(own_pids(local).values())
+    own = own_pids(local)
     listening = listening_sockets()
     foreign: dict[int, list[int]] = {}
-    for port in block.ports():
+    for port, service in block.ports().items():
         if port not in listening:
             continue
         owners = socket_owners(listening[port])
-        if not owners or not owners & own:
-            foreign[port] = sorted(owners)
+        if owners & set(own.values()):
+            continue
+        # A socket whose owner this user may not see (PostgreSQL runs as its own user): the
+        # port is taken as the service's own while that service's pid file names a live pid.
+        if not owners and service in own:
+            continue
+        foreign[port] = sorted(owners)
     return foreign
 
 

@@ -1,6 +1,7 @@
 """The scenarios run on their own set of services (scenarios/faults.py: other ports, another
-data folder, three Kafka brokers): the session starts it and stops it at the end. The
-default services, which the rest of the suite uses, are never touched."""
+data folder, three Kafka brokers): the session starts it and stops it at the end (a set that
+was already running stays up). The default services, which the rest of the suite uses, are
+never touched."""
 
 import json
 import os
@@ -26,9 +27,12 @@ TEST_EVENTS = int(os.environ.get("SCENARIO_TEST_EVENTS", "2000"))
 
 @pytest.fixture(scope="session")
 def isolated_services() -> Iterator[None]:
+    # As scenario_run does: services that were already running (`--keep-services`) stay up.
+    started_here = not faults.running()
     faults.services("up", timeout=SERVICES_UP_SECONDS)
     yield
-    faults.services("down", timeout=SERVICES_DOWN_SECONDS)
+    if started_here:
+        faults.services("down", timeout=SERVICES_DOWN_SECONDS)
 
 
 def isolated_env() -> dict[str, str]:
