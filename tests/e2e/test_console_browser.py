@@ -82,7 +82,8 @@ def _failed_events(topic: str, count: int) -> list[OutboxEvent]:
 def test_an_operator_retries_failed_events_from_the_browser(live_server, browser, kafka_topic):
     from django.core.cache import cache
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import Select, WebDriverWait
 
     cache.clear()  # no dashboard card cached by an earlier test
     User.objects.create_superuser("admin", "admin@example.com", "e2e-password")
@@ -93,7 +94,10 @@ def test_an_operator_retries_failed_events_from_the_browser(live_server, browser
     browser.get(f"{live_server.url}/admin/login/")
     browser.find_element(By.NAME, "username").send_keys("admin")
     browser.find_element(By.NAME, "password").send_keys("e2e-password")
-    browser.find_element(By.CSS_SELECTOR, "button[type=submit], input[type=submit]").click()
+    login = browser.find_element(By.CSS_SELECTOR, "button[type=submit], input[type=submit]")
+    login.click()
+    # The next page load must not cut the login's own (a POST, then a redirect) short.
+    WebDriverWait(browser, 10).until(expected_conditions.staleness_of(login))
 
     browser.get(f"{live_server.url}/admin/")
     dashboard = browser.find_element(By.ID, "console-dashboard")
@@ -108,7 +112,13 @@ def test_an_operator_retries_failed_events_from_the_browser(live_server, browser
     browser.find_element(By.ID, "action-toggle").click()
     Select(browser.find_element(By.NAME, "action")).select_by_value("retry_selected")
     browser.find_element(By.CSS_SELECTOR, "button[name=index]").click()
-    assert "Retry: 3 of 3 selected" in browser.find_element(By.TAG_NAME, "body").text
+    # Read the page the action's POST leads to, not the list still shown while it loads (its
+    # body goes stale under a loaded machine): wait until the message is there.
+    WebDriverWait(browser, 10).until(
+        expected_conditions.text_to_be_present_in_element(
+            (By.TAG_NAME, "body"), "Retry: 3 of 3 selected"
+        )
+    )
 
     close_producers()
     try:
