@@ -26,10 +26,6 @@ DATABASE_NAME = "scenarios"
 ISR_WAIT_SECONDS = 120.0
 
 
-def local_dir() -> Path:
-    return ports.local_dir()
-
-
 def bootstrap_servers(block: ports.PortBlock | None = None) -> str:
     block = block or ports.recorded_block()
     return ",".join(f"127.0.0.1:{block.kafka(node)}" for node in range(1, BROKERS + 1))
@@ -39,7 +35,7 @@ def isolated_environment(block: ports.PortBlock | None = None) -> dict[str, str]
     """The variables that point services.sh and Django at the scenarios' services."""
     block = block or ports.recorded_block()
     return {
-        "LOCAL_DIR": str(local_dir()),
+        "LOCAL_DIR": str(ports.local_dir()),
         "DATABASE_URL": f"postgres://outbox:outbox@127.0.0.1:{block.postgres}/{DATABASE_NAME}",
         "CELERY_BROKER_URL": f"redis://127.0.0.1:{block.redis}/0",
         "KAFKA_BROKERS": str(BROKERS),
@@ -51,11 +47,12 @@ def isolated_environment(block: ports.PortBlock | None = None) -> dict[str, str]
 
 def is_isolated() -> bool:
     """True when this process's settings point at this checkout's isolated services."""
-    environment = isolated_environment()
+    block = ports.recorded_block()
+    environment = isolated_environment(block)
     database = settings.DATABASES["default"]
     return (
         environment["KAFKA_BOOTSTRAP_SERVERS"] == settings.KAFKA_BOOTSTRAP_SERVERS
-        and str(database.get("PORT")) == str(ports.recorded_block().postgres)
+        and str(database.get("PORT")) == str(block.postgres)
         and database.get("NAME") == DATABASE_NAME
         and environment["CELERY_BROKER_URL"] == settings.CELERY_BROKER_URL
     )
@@ -218,7 +215,7 @@ def kafka_resume(node: int) -> None:
 
 
 def postgres_log() -> Path:
-    return local_dir() / "postgres" / "postgres.log"
+    return ports.local_dir() / "postgres" / "postgres.log"
 
 
 def postgres_crash() -> int:

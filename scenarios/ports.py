@@ -136,17 +136,26 @@ def listening_sockets() -> dict[int, set[str]]:
     return listening
 
 
-def socket_owners(inodes: set[str]) -> set[int]:
-    wanted = {f"socket:[{inode}]" for inode in inodes}
-    owners: set[int] = set()
+def listener_pids(port_numbers: set[int]) -> dict[int, set[int]]:
+    """Each of `port_numbers` that something listens on -> the pids holding its sockets (an
+    empty set: a listener whose process this user may not see). One walk of /proc for all."""
+    listening = listening_sockets()
+    wanted = {
+        f"socket:[{inode}]": port
+        for port in port_numbers & set(listening)
+        for inode in listening[port]
+    }
+    owners: dict[int, set[int]] = {port: set() for port in port_numbers & set(listening)}
+    if not wanted:
+        return owners
     for process in Path("/proc").iterdir():
         if not process.name.isdigit():
             continue
         try:
             for fd in (process / "fd").iterdir():
-                if os.readlink(fd) in wanted:
-                    owners.add(int(process.name))
-                    break
+                port = wanted.get(os.readlink(fd))
+                if port is not None:
+                    owners[port].add(int(process.name))
         except (FileNotFoundError, PermissionError, ProcessLookupError):
             continue
     return owners
@@ -166,13 +175,12 @@ def foreign_listeners(block: PortBlock, local: Path | None = None) -> dict[int, 
     """The ports of `block` that processes not started by this checkout listen on, with
     their pids (an empty list: a listener whose process could not be seen)."""
     own = own_pids(local)
-    listening = listening_sockets()
+    own_set = set(own.values())
+    services = block.ports()
     foreign: dict[int, list[int]] = {}
-    for port, service in block.ports().items():
-        if port not in listening:
-            continue
-        owners = socket_owners(listening[port])
-        if owners & set(own.values()):
+    for port, owners in listener_pids(set(services)).items():
+        service = services[port]
+        if owners & own_set:
             continue
         # A socket whose owner this user may not see (PostgreSQL runs as its own user): the
         # port is taken as the service's own while that service's pid file names a live pid.

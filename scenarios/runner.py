@@ -33,7 +33,7 @@ from django.db.models import Count
 import outbox
 from inbox.models import InboxMessage
 from outbox.models import OutboxEvent
-from scenarios import faults
+from scenarios import faults, ports
 from scenarios.checker import DeliveryReport, delivery_check
 from scenarios.conf import AGGREGATE_TYPE, EVENT_TYPE, GROUP_VARIABLE, RUN_VARIABLE, TOPIC_VARIABLE
 from scenarios.models import ScenarioEffect
@@ -343,7 +343,7 @@ class Run:
         self.run_id = f"{datetime.now(UTC):%Y%m%d%H%M%S}-{uuid.uuid4().hex[:6]}"
         self.topic = f"scenario.{scenario.name}.{self.run_id}"
         self.group = f"scenario-{scenario.name}-{self.run_id}"
-        self.log_dir = faults.local_dir() / "runs" / f"{scenario.name}-{self.run_id}"
+        self.log_dir = ports.local_dir() / "runs" / f"{scenario.name}-{self.run_id}"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.processes: dict[str, Managed] = {}
         self.faults: list[Fault] = []

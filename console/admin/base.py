@@ -24,7 +24,7 @@ from unfold.admin import ModelAdmin
 from unfold.contrib.filters.admin import FieldTextFilter
 from unfold.decorators import display
 
-from console.operations import BulkTooLarge, ConsoleError, bulk_action_run
+from console.operations import ConsoleError, bulk_action_run
 from console.selectors import table_row_estimate
 from inbox.errors import InboxError
 from outbox.errors import OutboxError
@@ -207,10 +207,7 @@ def bulk_matching_view(
                 filters=filters,
                 note=request.POST.get("note", "")[:2000],
             )
-        except BulkTooLarge as error:
-            model_admin.message_user(request, str(error), messages.ERROR)
-            return HttpResponseRedirect(back)
-        except ConsoleError as error:
+        except ConsoleError as error:  # BulkTooLarge among them
             model_admin.message_user(request, str(error), messages.ERROR)
             return HttpResponseRedirect(back)
         if record.chunks_pending:

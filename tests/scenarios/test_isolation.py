@@ -56,9 +56,9 @@ def test_the_running_isolated_services_are_this_checkouts_own(isolated_services)
     own = ports.own_pids()
     assert set(own) == {"postgres", "redis", "kafka node 1", "kafka node 2", "kafka node 3"}
     # Each port the faults aim at is served by the pid the faults would signal.
-    listening = ports.listening_sockets()
+    listeners = ports.listener_pids(set(block.ports()))
     for port, service in block.ports().items():
-        assert own[service] in ports.socket_owners(listening[port]), (port, service)
+        assert own[service] in listeners[port], (port, service)
     assert ports.claim_port_block() == block
 
 
