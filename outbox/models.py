@@ -98,3 +98,67 @@ class OutboxEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event_type} {self.id} ({self.status})"
+
+
+class OutboxDelivery(models.Model):
+    """One attempt of the event-log relay to send one event: written once, never updated.
+
+    The event row itself is never touched after publish(); whether an event went out, where
+    to and how each try ended are these rows. No foreign key: the event table and this one
+    are emptied on their own schedules."""
+
+    class Outcome(models.TextChoices):
+        PUBLISHED = "PUBLISHED", "Published"
+        # The broker refused the record or did not confirm it in time; the key is held.
+        FAILED = "FAILED", "Failed"
+
+    id = models.BigAutoField(primary_key=True)
+    event_id = models.UUIDField()
+    outcome = models.CharField(max_length=9, choices=Outcome.choices)
+    # When the broker confirmed the record (or, for a failure, when the report came).
+    published_at = models.DateTimeField()
+    kafka_partition = models.IntegerField(null=True, blank=True)
+    kafka_offset = models.BigIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    relay = models.CharField(max_length=255)
+
+    class Meta:
+        db_table = "outbox_delivery"
+        indexes = (models.Index(fields=("event_id",), name="outbox_delivery_event_idx"),)
+
+    def __str__(self) -> str:
+        return f"{self.event_id} {self.outcome}"
+
+
+class OutboxHeldEvent(models.Model):
+    """An event the event-log relay holds back: the head of its key, which failed, or one
+    queued behind that head. The relay sends the head again when its retry comes due, then
+    the rest of the key in order; other keys are never held up. Rows exist only for keys
+    with a failure, so the table stays small."""
+
+    id = models.BigAutoField(primary_key=True)
+    event_id = models.UUIDField(unique=True)
+    shard = models.SmallIntegerField()
+    topic = models.CharField(max_length=249)
+    key = models.CharField(max_length=255)
+    # The event's place in commit order: its transaction id, then its position.
+    transaction_id = models.BigIntegerField()
+    position = models.BigIntegerField()
+    # Meaningful on the head only: its failed attempts, and when it is tried again (NULL
+    # once its attempts are spent: an operator retries or discards it).
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    held_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "outbox_held_event"
+        indexes = (
+            models.Index(
+                fields=("shard", "topic", "key", "transaction_id", "position"),
+                name="outbox_held_key_order_idx",
+            ),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.event_id} held on {self.topic}/{self.key}"

@@ -9,9 +9,11 @@ import socket
 import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
+from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message
 from django.conf import settings
@@ -44,7 +46,30 @@ def fault_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def record_headers(event: ClaimedEvent) -> list[tuple[str, str | bytes | None]]:
+class OutgoingEvent(Protocol):
+    """What a relay sends of an event: a claimed one, or one read from the event log."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+    @property
+    def aggregate_type(self) -> str: ...
+    @property
+    def aggregate_id(self) -> str: ...
+    @property
+    def event_type(self) -> str: ...
+    @property
+    def payload_json(self) -> str: ...
+    @property
+    def headers(self) -> dict[str, str]: ...
+    @property
+    def topic(self) -> str: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def created_at(self) -> datetime: ...
+
+
+def record_headers(event: OutgoingEvent) -> list[tuple[str, str | bytes | None]]:
     headers: list[tuple[str, str | bytes | None]] = [
         ("event_id", str(event.id).encode()),
         ("event_type", event.event_type.encode()),
@@ -80,9 +105,13 @@ class BatchResult:
 
 
 @dataclass
-class _Reports:
+class DeliveryReports:
     deliveries: dict[uuid.UUID, Delivery] = field(default_factory=dict)
     failures: dict[uuid.UUID, str] = field(default_factory=dict)
+    # Refused by the producer itself (too large, say): no broker was asked, none would take it.
+    refused: set[uuid.UUID] = field(default_factory=set)
+    # Not produced: an earlier event of the same key was refused.
+    skipped: set[uuid.UUID] = field(default_factory=set)
 
     def on_delivery(self, event_id: uuid.UUID, error: KafkaError | None, message: Message) -> None:
         if error is None:
@@ -94,6 +123,44 @@ class _Reports:
             )
         else:
             self.failures[event_id] = f"{error.name()}: {error.str()}"
+
+
+def produce_all(
+    producer: RelayProducer, events: Sequence[OutgoingEvent], reports: DeliveryReports
+) -> bool:
+    """Produces every event in the given order; returns False on a fatal producer error.
+
+    An event the producer refuses outright (too large, say) is a failure, and the later events
+    of its key are not produced at all (reports.skipped): they would overtake it."""
+    kafka = producer.producer
+    refused_keys: set[tuple[str, str]] = set()
+    for event in events:
+        if (event.topic, event.key) in refused_keys:
+            reports.skipped.add(event.id)
+            continue
+        while True:
+            try:
+                kafka.produce(
+                    event.topic,
+                    key=event.key.encode(),
+                    value=event.payload_json.encode(),
+                    headers=record_headers(event),
+                    on_delivery=partial(reports.on_delivery, event.id),
+                )
+                break
+            except BufferError:
+                kafka.poll(QUEUE_FULL_POLL_SECONDS)
+            except KafkaException as error:
+                kafka_error: KafkaError = error.args[0]
+                if kafka_error.fatal():
+                    producer.fatal_error = kafka_error
+                    return False
+                reports.failures[event.id] = f"{kafka_error.name()}: {kafka_error.str()}"
+                reports.refused.add(event.id)
+                refused_keys.add((event.topic, event.key))
+                break
+        kafka.poll(0)
+    return producer.fatal_error is None
 
 
 class Relay:
@@ -153,51 +220,23 @@ class Relay:
             discard_producer(producer)
         return result
 
-    def _produce_all(
-        self, producer: RelayProducer, events: list[ClaimedEvent], reports: _Reports
-    ) -> bool:
-        """Produces every event in position order; returns False on a fatal producer error."""
-        kafka = producer.producer
-        for event in events:
-            while True:
-                try:
-                    kafka.produce(
-                        event.topic,
-                        key=event.key.encode(),
-                        value=event.payload_json.encode(),
-                        headers=record_headers(event),
-                        on_delivery=partial(reports.on_delivery, event.id),
-                    )
-                    break
-                except BufferError:
-                    kafka.poll(QUEUE_FULL_POLL_SECONDS)
-                except KafkaException as error:
-                    kafka_error: KafkaError = error.args[0]
-                    if kafka_error.fatal():
-                        producer.fatal_error = kafka_error
-                        return False
-                    reports.failures[event.id] = f"{kafka_error.name()}: {kafka_error.str()}"
-                    break
-            kafka.poll(0)
-        return producer.fatal_error is None
-
     def _publish(
         self, producer: RelayProducer, events: list[ClaimedEvent]
-    ) -> tuple[_Reports, bool]:
-        reports = _Reports()
-        self._produce_all(producer, events, reports)
+    ) -> tuple[DeliveryReports, bool]:
+        reports = DeliveryReports()
+        produce_all(producer, events, reports)
         producer.producer.flush(self.delivery_timeout + 5)
         return reports, producer.fatal_error is not None
 
     def _publish_in_transaction(
         self, producer: RelayProducer, events: list[ClaimedEvent]
-    ) -> tuple[_Reports, bool]:
-        reports = _Reports()
+    ) -> tuple[DeliveryReports, bool]:
+        reports = DeliveryReports()
         kafka = producer.producer
         try:
             kafka.begin_transaction()
-            if not self._produce_all(producer, events, reports):
-                return _Reports(), True
+            if not produce_all(producer, events, reports):
+                return DeliveryReports(), True
             kafka.commit_transaction(self.delivery_timeout + 5)
             kafka.flush(0)
         except KafkaException as error:
@@ -205,16 +244,16 @@ class Relay:
             if kafka_error.fatal():
                 # Fenced by a newer relay with the same transactional.id, or worse.
                 producer.fatal_error = kafka_error
-                return _Reports(), True
+                return DeliveryReports(), True
             logger.warning("Outbox relay aborts its Kafka transaction: %s", kafka_error)
             try:
                 kafka.abort_transaction(self.delivery_timeout + 5)
             except KafkaException as abort_error:
                 if abort_error.args[0].fatal():
                     producer.fatal_error = abort_error.args[0]
-                    return _Reports(), True
+                    return DeliveryReports(), True
             reason = f"transaction aborted: {kafka_error.name()}: {kafka_error.str()}"
-            return _Reports(failures={event.id: reason for event in events}), False
+            return DeliveryReports(failures={event.id: reason for event in events}), False
         # Records become visible to read_committed consumers at the commit, not at delivery.
         committed_at = datetime.now(UTC)
         for event_id, delivery in list(reports.deliveries.items()):
@@ -226,7 +265,9 @@ class Relay:
             )
         return reports, False
 
-    def _mark(self, events: list[ClaimedEvent], reports: _Reports, fatal: bool) -> BatchResult:
+    def _mark(
+        self, events: list[ClaimedEvent], reports: DeliveryReports, fatal: bool
+    ) -> BatchResult:
         by_id = {event.id: event for event in events}
         deliveries = list(reports.deliveries.values())
         failures = [

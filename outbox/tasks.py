@@ -8,8 +8,9 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
+from outbox.log_relay import LogRelay
 from outbox.relay import Relay, transactional_id_for
-from outbox.services.retention import outbox_events_purge_published
+from outbox.services.retention import outbox_event_log_purge, outbox_events_purge_published
 
 
 def _worker_slot() -> str:
@@ -21,13 +22,22 @@ def _worker_slot() -> str:
 @shared_task(name="outbox.tasks.relay", ignore_result=True)
 def relay() -> int:
     """Publishes due events, looping while batches come back full."""
+    if settings.OUTBOX_RELAY_LOG:
+        log_relay = LogRelay()
+        try:
+            return log_relay.run().published
+        finally:
+            # The worker keeps its database session: the shards go back for the next run,
+            # on whichever worker it lands.
+            log_relay.close()
     result = Relay(transactional_id=transactional_id_for(_worker_slot())).run()
     return result.published
 
 
 @shared_task(name="outbox.tasks.purge_published", ignore_result=True)
 def purge_published() -> int:
-    return outbox_events_purge_published(
-        older_than=timezone.now() - timedelta(days=settings.OUTBOX_RETENTION_DAYS),
-        batch_size=settings.OUTBOX_RETENTION_BATCH_SIZE,
-    )
+    older_than = timezone.now() - timedelta(days=settings.OUTBOX_RETENTION_DAYS)
+    batch_size = settings.OUTBOX_RETENTION_BATCH_SIZE
+    purged = outbox_events_purge_published(older_than=older_than, batch_size=batch_size)
+    from_log = outbox_event_log_purge(older_than=older_than, batch_size=batch_size)
+    return purged + from_log["events"]

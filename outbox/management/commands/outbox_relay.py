@@ -5,6 +5,7 @@ commits; the relay then drains due events until a claim comes back empty (checki
 stop signal every --poll-seconds while a backlog drains), and otherwise wakes at least every
 --poll-seconds for events whose retry has come due."""
 
+import contextlib
 import logging
 import signal
 import socket
@@ -13,9 +14,11 @@ from types import FrameType
 from typing import Any
 
 import psycopg
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import DatabaseError, connection
 
+from outbox.log_relay import LogRelay
 from outbox.producer import close_producers, get_producer
 from outbox.relay import Relay, transactional_id_for
 
@@ -40,16 +43,26 @@ class Command(BaseCommand):
         )
         parser.add_argument("--poll-seconds", type=float, default=1.0)
         parser.add_argument("--batch-size", type=int, default=None)
+        parser.add_argument(
+            "--log",
+            action="store_true",
+            help="Run the event-log relay (no row claims; see docs/outbox.md) instead of the "
+            "claim relay, as OUTBOX_RELAY_LOG=true does.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.running = True
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
-        relay = Relay(
-            transactional_id=transactional_id_for(options["slot"]),
-            batch_size=options["batch_size"],
-        )
-        if relay.transactional_id:
+        relay: Relay | LogRelay
+        if options["log"] or settings.OUTBOX_RELAY_LOG:
+            relay = LogRelay(batch_size=options["batch_size"])
+        else:
+            relay = Relay(
+                transactional_id=transactional_id_for(options["slot"]),
+                batch_size=options["batch_size"],
+            )
+        if isinstance(relay, Relay) and relay.transactional_id:
             # Initialising the transactional producer now fences a zombie with the same slot
             # before this relay reports itself ready.
             get_producer(transactional_id=relay.transactional_id)
@@ -85,6 +98,10 @@ class Command(BaseCommand):
                     self._sleep(backoff)
                     backoff = min(backoff * 2, DATABASE_RETRY_MAX_SECONDS)
         finally:
+            if isinstance(relay, LogRelay):
+                # If the session is gone, its shard locks went with it.
+                with contextlib.suppress(DatabaseError, psycopg.Error):
+                    relay.close()
             close_producers()
             if listener is not None:
                 listener.close()

@@ -14,7 +14,7 @@ from django.db import transaction
 from inbox.consumer import InboxConsumer
 from inbox.services.recording import BatchResult
 from outbox.producer import RelayProducer
-from outbox.relay import Relay, _Reports
+from outbox.relay import DeliveryReports, Relay, produce_all
 from outbox.services.claims import ClaimedEvent, Delivery, outbox_events_mark_published
 
 BROKEN_VARIABLE = "SCENARIO_BROKEN"
@@ -38,9 +38,9 @@ def break_relay() -> None:
 
     def broken(
         self: Relay, producer: RelayProducer, events: list[ClaimedEvent]
-    ) -> tuple[_Reports, bool]:
-        reports = _Reports()
-        self._produce_all(producer, events, reports)
+    ) -> tuple[DeliveryReports, bool]:
+        reports = DeliveryReports()
+        produce_all(producer, events, reports)
         now = datetime.now(UTC)
         with transaction.atomic():
             outbox_events_mark_published(

@@ -1,0 +1,403 @@
+"""The event-log relay: reads events in commit order between ticks, sends them, and records
+each outcome as an appended row. It never updates, locks or deletes an event row, so neither
+a long-running transaction elsewhere in the database nor the number of keys changes its pace.
+
+A relay owns shards (by PostgreSQL advisory locks held by its database session) and keeps one
+cursor per group of shards at the same place. For each group it reads the next events up to
+the batch size, produces them all, waits for their delivery reports, then writes in one
+transaction the delivery records and the cursor's new place. A crash between the two sends
+the batch again (at least once; the inbox drops the copies); nothing is skipped.
+
+An event that fails holds its key: the events of that key behind it are recorded as held, not
+sent, while the other keys go on. The held head is tried again with backoff and, once it goes,
+the rest of its key follows in order."""
+
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from confluent_kafka import KafkaException
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from outbox import metrics
+from outbox.models import OutboxDelivery
+from outbox.producer import discard_producer, get_producer
+from outbox.relay import DeliveryReports, default_relay_id, fault_point, produce_all
+from outbox.services.event_log import (
+    ALL_SHARDS,
+    Cursor,
+    DeliveryRecord,
+    LogEvent,
+    ShardLost,
+    Tick,
+    backend_pid,
+    batch_read,
+    batch_record,
+    cursors_read,
+    held_events_read,
+    held_head_failed,
+    held_heads_due,
+    held_keys_read,
+    held_release,
+    shards_lock,
+    shards_unlock,
+    tick_latest_after,
+    tick_read,
+    tick_take,
+)
+
+logger = logging.getLogger(__name__)
+
+Outcome = OutboxDelivery.Outcome
+# Held keys whose head is retried per step.
+HELD_KEYS_PER_STEP = 100
+# After a batch of which nothing could be sent (the cluster unreachable), the relay waits
+# this long before the same batch again, doubling up to OUTBOX_RETRY_MAX_SECONDS.
+OUTAGE_RETRY_SECONDS = 0.5
+
+
+@dataclass
+class LogRunResult:
+    published: int = 0
+    failed: int = 0
+    # Events recorded as held behind a failed event of their key.
+    held: int = 0
+    # run() ended because nothing was left to send, not at its deadline.
+    drained: bool = False
+
+    def add(self, other: "LogRunResult") -> None:
+        for counter in ("published", "failed", "held"):
+            setattr(self, counter, getattr(self, counter) + getattr(other, counter))
+
+
+@dataclass
+class _Sent:
+    delivered: list[DeliveryRecord]
+    failed: list[DeliveryRecord]
+    fatal: bool
+    # Failures the producer decided alone, before any broker saw the record.
+    refused: set[uuid.UUID] = field(default_factory=set)
+
+    @property
+    def nothing_reached_kafka(self) -> bool:
+        """No record delivered, and at least one failed on the way to the broker: an
+        outage, not a fault of the events."""
+        return not self.delivered and (
+            self.fatal or any(r.event_id not in self.refused for r in self.failed)
+        )
+
+
+class LogRelay:
+    """Publishes the event log. Relays started side by side share the shards between them:
+    each owns those no other holds, and takes over a dead relay's when its session ends."""
+
+    def __init__(
+        self,
+        *,
+        relay_id: str | None = None,
+        batch_size: int | None = None,
+        shards: Sequence[int] = ALL_SHARDS,
+    ) -> None:
+        if settings.OUTBOX_RELAY_TRANSACTIONAL:
+            raise ImproperlyConfigured(
+                "The event-log relay has no transactional mode yet; unset "
+                "OUTBOX_RELAY_TRANSACTIONAL or run the claim relay."
+            )
+        self.relay_id = relay_id or default_relay_id()
+        self.batch_size = batch_size or settings.OUTBOX_BATCH_SIZE
+        self.wanted = tuple(sorted(shards))
+        self.delivery_timeout = settings.OUTBOX_PRODUCER_DELIVERY_TIMEOUT_MS / 1000
+        self.owned: tuple[int, ...] = ()
+        self.owner_pid: int | None = None
+        self.cursors: list[Cursor] = []
+        self.ticks: dict[int, Tick] = {}
+        self.outage_pause = OUTAGE_RETRY_SECONDS
+
+    def run(self, *, max_seconds: float | None = None) -> LogRunResult:
+        """Sends what the log holds for this relay's shards, for at most max_seconds."""
+        deadline = time.monotonic() + (max_seconds or settings.OUTBOX_RELAY_MAX_RUN_SECONDS)
+        total = LogRunResult()
+        while True:
+            try:
+                step, progressed = self._step()
+            except ShardLost as lost:
+                logger.warning("Outbox relay %s lost its shards: %s", self.relay_id, lost)
+                self.owned, self.owner_pid = (), None
+                return total
+            total.add(step)
+            if not progressed:
+                total.drained = True
+                return total
+            if time.monotonic() >= deadline:
+                return total
+
+    def close(self) -> None:
+        """Gives up the shards, for another relay to take at once."""
+        if self.owned and self.owner_pid == backend_pid():
+            shards_unlock(shards=self.owned)
+        self.owned, self.owner_pid, self.cursors = (), None, []
+
+    def _own_shards(self) -> None:
+        pid = backend_pid()
+        if pid != self.owner_pid:
+            # A new database session: the locks of the old one went with it.
+            self.owned, self.owner_pid = (), pid
+        missing = [shard for shard in self.wanted if shard not in self.owned]
+        if missing:
+            taken = shards_lock(shards=missing)
+            if taken:
+                self.owned = tuple(sorted(self.owned + tuple(taken)))
+                logger.info("Outbox relay %s owns shards %s", self.relay_id, list(self.owned))
+            self.cursors = cursors_read(shards=self.owned) if self.owned else []
+
+    def _step(self) -> tuple[LogRunResult, bool]:
+        """One batch for each cursor, after the held keys that are due; returns what happened
+        and whether anything moved."""
+        self._own_shards()
+        if not self.owned:
+            return LogRunResult(), False
+        result = LogRunResult()
+        progressed = self._retry_held(result)
+        held_keys = held_keys_read(shards=self.owned)
+        cursors = []
+        for cursor in self.cursors:
+            moved, sent_any = self._advance(cursor, held_keys, result)
+            progressed = progressed or sent_any
+            cursors.append(moved)
+        self.cursors = _merged(cursors)
+        return result, progressed
+
+    def _tick(self, tick_id: int) -> Tick:
+        tick = self.ticks.get(tick_id)
+        if tick is None:
+            tick = self.ticks[tick_id] = tick_read(tick_id=tick_id)
+        return tick
+
+    def _advance(
+        self, cursor: Cursor, held_keys: set[tuple[str, str]], result: LogRunResult
+    ) -> tuple[Cursor, bool]:
+        """Sends the next batch after `cursor`; returns the cursor's new place and whether
+        there were events."""
+        # At most two spans: up to the latest tick, then up to a fresh one. Events of other
+        # relays' shards make fresh ticks all the time; they must not keep this one here.
+        for _ in range(2):
+            since = self._tick(cursor.tick_id)
+            if cursor.until_tick_id is not None:
+                until: Tick | None = self._tick(cursor.until_tick_id)
+            else:
+                until = tick_latest_after(tick_id=cursor.tick_id) or tick_take()
+                if until is None:
+                    return cursor, False
+                self.ticks = {since.id: since, until.id: until}
+            assert until is not None
+            events = batch_read(cursor=cursor, since=since, until=until, limit=self.batch_size)
+            if events:
+                break
+            # Kept in memory only: after a restart the relay reads the empty span again, at
+            # the cost of one query.
+            cursor = Cursor(shards=cursor.shards, tick_id=until.id)
+        else:
+            return cursor, False
+        if len(events) < self.batch_size:
+            moved = Cursor(shards=cursor.shards, tick_id=until.id)
+        else:
+            moved = Cursor(
+                shards=cursor.shards,
+                tick_id=since.id,
+                until_tick_id=until.id,
+                txid=events[-1].txid,
+                position=events[-1].position,
+            )
+        to_send = [event for event in events if (event.topic, event.key) not in held_keys]
+        sent = self._send(to_send)
+        if to_send and sent.nothing_reached_kafka:
+            # Nothing went out: the cluster is unreachable or the producer broken. The tries
+            # are recorded and the same batch is read again after a pause; an outage holds
+            # no key.
+            batch_record(
+                relay_id=self.relay_id,
+                owner_pid=self._owner_pid(),
+                records=sent.failed,
+                held=[],
+                cursor=cursor,
+                retry_seconds=settings.OUTBOX_RETRY_BASE_SECONDS,
+            )
+            result.failed += len(sent.failed)
+            self._pause_for_outage(sent)
+            return cursor, False
+        self.outage_pause = OUTAGE_RETRY_SECONDS
+        held = self._held_in(events, sent, held_keys)
+        fault_point("log-before-record")
+        batch_record(
+            relay_id=self.relay_id,
+            owner_pid=self._owner_pid(),
+            records=sent.delivered + sent.failed,
+            held=held,
+            cursor=moved,
+            retry_seconds=settings.OUTBOX_RETRY_BASE_SECONDS,
+        )
+        result.published += len(sent.delivered)
+        result.failed += len(sent.failed)
+        result.held += sum(1 for _, failure in held if failure is None)
+        self._observe(events, sent)
+        return moved, True
+
+    def _owner_pid(self) -> int:
+        assert self.owner_pid is not None
+        return self.owner_pid
+
+    def _held_in(
+        self, events: list[LogEvent], sent: _Sent, held_keys: set[tuple[str, str]]
+    ) -> list[tuple[LogEvent, DeliveryRecord | None]]:
+        """The events of this batch to hold: each failed event of a key not held yet (a new
+        head, with its failure), and every other event of a held key that did not go out."""
+        failures = {record.event_id: record for record in sent.failed}
+        delivered = {record.event_id for record in sent.delivered}
+        held: list[tuple[LogEvent, DeliveryRecord | None]] = []
+        for event in events:
+            key = (event.topic, event.key)
+            if event.id in delivered:
+                if key in held_keys:
+                    # The producer took it after refusing an earlier event of its key by a
+                    # delivery report (a refusal at produce() stops the key at once).
+                    logger.error(
+                        "Outbox relay: event %s of key %r went out after an earlier event of "
+                        "its key failed in the same batch",
+                        event.id,
+                        event.key,
+                    )
+            elif event.id in failures and key not in held_keys:
+                held.append((event, failures[event.id]))
+                held_keys.add(key)
+            else:
+                held.append((event, None))
+        return held
+
+    def _send(self, events: Sequence[LogEvent]) -> _Sent:
+        if not events:
+            return _Sent(delivered=[], failed=[], fatal=False)
+        try:
+            producer = get_producer()
+        except KafkaException as error:
+            logger.warning("Outbox relay cannot create its producer: %s", error)
+            return _Sent(delivered=[], failed=[], fatal=True)
+        reports = DeliveryReports()
+        produce_all(producer, events, reports)
+        producer.producer.flush(self.delivery_timeout + 5)
+        sent = _sent_from(reports, events, fatal=producer.fatal_error is not None)
+        if producer.fatal_error is not None:
+            logger.error(
+                "Outbox relay replaces its producer after a fatal error: %s", producer.fatal_error
+            )
+            discard_producer(producer)
+        return sent
+
+    def _pause_for_outage(self, sent: _Sent) -> None:
+        logger.warning(
+            "Outbox relay sent none of a batch (%s); trying it again in %.1fs",
+            sent.failed[0].error if sent.failed else "no producer",
+            self.outage_pause,
+        )
+        time.sleep(self.outage_pause)
+        self.outage_pause = min(self.outage_pause * 2, settings.OUTBOX_RETRY_MAX_SECONDS)
+
+    def _retry_held(self, result: LogRunResult) -> bool:
+        """Tries the head of each held key that is due; once a head goes, the rest of its key
+        follows in order until the next failure. Returns whether anything was tried."""
+        due = held_heads_due(shards=self.owned, limit=HELD_KEYS_PER_STEP)
+        for topic, key in due:
+            events = held_events_read(topic=topic, key=key, limit=self.batch_size)
+            head = events[0][0]
+            # The head alone first: were it sent with the rest, a refused head could let its
+            # followers overtake it.
+            for group in ([head], [event for event, _ in events[1:]]):
+                if not group:
+                    continue
+                sent = self._send(group)
+                if sent.delivered:
+                    held_release(relay_id=self.relay_id, records=sent.delivered)
+                    result.published += len(sent.delivered)
+                    self._observe(group, sent)
+                if sent.failed or sent.fatal:
+                    delivered = {record.event_id for record in sent.delivered}
+                    first_failed = next(event for event in group if event.id not in delivered)
+                    failure = next(
+                        (r for r in sent.failed if r.event_id == first_failed.id),
+                        DeliveryRecord(
+                            event_id=first_failed.id,
+                            outcome=Outcome.FAILED,
+                            published_at=datetime.now(UTC),
+                            error="the producer failed before a report",
+                        ),
+                    )
+                    held_head_failed(
+                        relay_id=self.relay_id,
+                        record=failure,
+                        max_attempts=settings.OUTBOX_MAX_ATTEMPTS,
+                        base_seconds=settings.OUTBOX_RETRY_BASE_SECONDS,
+                        max_seconds=settings.OUTBOX_RETRY_MAX_SECONDS,
+                    )
+                    result.failed += 1
+                    break
+        return bool(due)
+
+    @staticmethod
+    def _observe(events: Sequence[LogEvent], sent: _Sent) -> None:
+        by_id = {event.id: event for event in events}
+        for topic, count in Counter(by_id[r.event_id].topic for r in sent.delivered).items():
+            metrics.PUBLISHED.labels(topic=topic).inc(count)
+        for record in sent.delivered:
+            lag = (record.published_at - by_id[record.event_id].created_at).total_seconds()
+            metrics.PUBLISH_LAG.observe(max(lag, 0.0))
+        for record in sent.failed:
+            metrics.RETRIED.labels(topic=by_id[record.event_id].topic).inc()
+
+
+def _sent_from(reports: DeliveryReports, events: Sequence[LogEvent], *, fatal: bool) -> _Sent:
+    now = datetime.now(UTC)
+    delivered = [
+        DeliveryRecord(
+            event_id=delivery.event_id,
+            outcome=Outcome.PUBLISHED,
+            published_at=delivery.published_at,
+            partition=delivery.partition,
+            offset=delivery.offset,
+        )
+        for delivery in reports.deliveries.values()
+    ]
+    failed = [
+        DeliveryRecord(
+            event_id=event.id,
+            outcome=Outcome.FAILED,
+            published_at=now,
+            error=reports.failures.get(event.id, "no delivery report in time"),
+        )
+        for event in events
+        if event.id not in reports.deliveries and event.id not in reports.skipped
+    ]
+    return _Sent(delivered=delivered, failed=failed, fatal=fatal, refused=reports.refused)
+
+
+def _merged(cursors: list[Cursor]) -> list[Cursor]:
+    """Groups whose cursors reached the same place go on as one."""
+    places: dict[tuple[int, int | None, int, int], list[int]] = {}
+    for cursor in cursors:
+        place = (cursor.tick_id, cursor.until_tick_id, cursor.txid, cursor.position)
+        places.setdefault(place, []).extend(cursor.shards)
+    if len(places) == len(cursors):
+        return cursors
+    return [
+        Cursor(
+            shards=tuple(sorted(shards)),
+            tick_id=tick_id,
+            until_tick_id=until_tick_id,
+            txid=txid,
+            position=position,
+        )
+        for (tick_id, until_tick_id, txid, position), shards in places.items()
+    ]

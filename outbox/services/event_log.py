@@ -1,0 +1,470 @@
+"""The event-log relay's reads and writes: ticks, shards, cursors, batches, delivery records
+and held keys. Nothing here updates or deletes an event row.
+
+An event carries the id of the transaction that wrote it (`txid`, set by PostgreSQL at insert).
+A tick records a transaction snapshot. The events between tick A and the next tick B are those
+whose transaction had ended when B was taken but not when A was: the events that became
+visible between the two ticks, found by an index range walk that no long-running read, dead
+row or key pattern slows down. A cursor says how far each shard went, as an appended row.
+"""
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import connection, transaction
+
+from outbox.models import OutboxDelivery
+
+# A key belongs to shard (hashtext(key) & 2147483647) % SHARD_COUNT for good: the migration
+# that created the cursors wrote this number into them.
+SHARD_COUNT = 16
+ALL_SHARDS = tuple(range(SHARD_COUNT))
+# The first key of the two-key advisory locks by which a relay owns its shards.
+SHARD_LOCK_CLASS = 0x6F62_7478
+SHARD_SQL = f"mod(hashtext({{key}}) & 2147483647, {SHARD_COUNT})"
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    id: int
+    snapshot: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """How far a group of shards went: every event visible at tick `tick_id` is done, and of
+    those that became visible between it and tick `until_tick_id` (when set), the ones up to
+    (txid, position) in commit order."""
+
+    shards: tuple[int, ...]
+    tick_id: int
+    until_tick_id: int | None = None
+    txid: int = 0
+    position: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LogEvent:
+    id: uuid.UUID
+    aggregate_type: str
+    aggregate_id: str
+    event_type: str
+    # The stored JSON as PostgreSQL prints it: sent as it is, never parsed on the hot path.
+    payload_json: str
+    headers: dict[str, str]
+    topic: str
+    key: str
+    created_at: datetime
+    txid: int
+    position: int
+    shard: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryRecord:
+    event_id: uuid.UUID
+    outcome: OutboxDelivery.Outcome
+    published_at: datetime
+    partition: int | None = None
+    offset: int | None = None
+    error: str = ""
+
+
+def shard_of(key: str) -> int:
+    """The shard of `key`, as PostgreSQL computes it."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {SHARD_SQL.format(key='%s')}", [key])
+        return int(cursor.fetchone()[0])
+
+
+def shards_lock(*, shards: Sequence[int]) -> list[int]:
+    """Takes the shards no other relay owns, for as long as this database session lasts."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT shard FROM unnest(%s::int[]) AS shard "
+            "WHERE pg_try_advisory_lock(%s, shard) ORDER BY shard",
+            [list(shards), SHARD_LOCK_CLASS],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def shards_unlock(*, shards: Sequence[int]) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_advisory_unlock(%s, shard) FROM unnest(%s::int[]) AS shard",
+            [SHARD_LOCK_CLASS, list(shards)],
+        )
+
+
+def backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return int(cursor.fetchone()[0])
+
+
+def cursors_read(*, shards: Sequence[int]) -> list[Cursor]:
+    """The latest cursor of each shard, shards at the same place grouped into one cursor."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT shard, latest.tick_id, latest.until_tick_id, latest.txid::text,
+                   latest.position
+            FROM unnest(%s::smallint[]) AS shard
+            CROSS JOIN LATERAL (
+                SELECT tick_id, until_tick_id, txid, position FROM outbox_relay_cursor
+                WHERE shard = ANY(shards) ORDER BY id DESC LIMIT 1
+            ) AS latest
+            """,
+            [list(shards)],
+        )
+        rows = cursor.fetchall()
+    groups: dict[tuple[int, int | None, int, int], list[int]] = {}
+    for shard, tick_id, until_tick_id, txid, position in rows:
+        groups.setdefault((tick_id, until_tick_id, int(txid), position), []).append(shard)
+    return [
+        Cursor(
+            shards=tuple(sorted(members)),
+            tick_id=tick_id,
+            until_tick_id=until_tick_id,
+            txid=txid,
+            position=position,
+        )
+        for (tick_id, until_tick_id, txid, position), members in groups.items()
+    ]
+
+
+def tick_read(*, tick_id: int) -> Tick:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id, snapshot::text FROM outbox_tick WHERE id = %s", [tick_id])
+        row = cursor.fetchone()
+    return Tick(id=row[0], snapshot=row[1])
+
+
+def tick_latest_after(*, tick_id: int) -> Tick | None:
+    """The latest tick, if later than `tick_id`: a batch may span many ticks."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id, snapshot::text FROM outbox_tick WHERE id > %s ORDER BY id DESC LIMIT 1",
+            [tick_id],
+        )
+        row = cursor.fetchone()
+    return Tick(id=row[0], snapshot=row[1]) if row else None
+
+
+def tick_take() -> Tick | None:
+    """Records the current snapshot as a tick if an event committed since the last tick;
+    returns the new tick, or None when there is nothing new to read."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            """
+            WITH last AS (SELECT snapshot FROM outbox_tick ORDER BY id DESC LIMIT 1)
+            INSERT INTO outbox_tick (snapshot)
+            SELECT pg_current_snapshot() FROM last
+            WHERE EXISTS (
+                SELECT 1 FROM outbox_event AS event
+                WHERE event.txid >= pg_snapshot_xmin(last.snapshot)
+                  AND NOT pg_visible_in_snapshot(event.txid, last.snapshot)
+            )
+            RETURNING id, snapshot::text
+            """
+        )
+        row = cursor.fetchone()
+    return Tick(id=row[0], snapshot=row[1]) if row else None
+
+
+# The events that became visible between two ticks, after the cursor, in commit order (by
+# transaction, then position). The walk of outbox_event_txid_idx starts at the cursor or at
+# the oldest transaction running at the first tick, and stops at the batch size.
+_BATCH_SQL = """
+SELECT event.id, event.aggregatetype, event.aggregateid, event.type, event.payload::text,
+       event.headers, event.topic, event.key, event.created_at, event.txid::text,
+       event.position, {shard} AS shard
+FROM outbox_event AS event
+WHERE event.txid >= pg_snapshot_xmin(%(since)s::pg_snapshot)
+  AND event.txid < pg_snapshot_xmax(%(until)s::pg_snapshot)
+  AND (event.txid, event.position) > (%(txid)s::xid8, %(position)s)
+  AND NOT pg_visible_in_snapshot(event.txid, %(since)s::pg_snapshot)
+  AND pg_visible_in_snapshot(event.txid, %(until)s::pg_snapshot)
+  {shard_filter}
+ORDER BY event.txid, event.position
+LIMIT %(limit)s
+"""
+
+
+def batch_read(*, cursor: Cursor, since: Tick, until: Tick, limit: int) -> list[LogEvent]:
+    shard = SHARD_SQL.format(key="event.key")
+    shard_filter = "" if cursor.shards == ALL_SHARDS else f"AND {shard} = ANY(%(shards)s)"
+    with connection.cursor() as db:
+        db.execute(
+            _BATCH_SQL.format(shard=shard, shard_filter=shard_filter),
+            {
+                "since": since.snapshot,
+                "until": until.snapshot,
+                "txid": str(cursor.txid),
+                "position": cursor.position,
+                "shards": list(cursor.shards),
+                "limit": limit,
+            },
+        )
+        rows = db.fetchall()
+    return [_log_event(row) for row in rows]
+
+
+def _log_event(row: Sequence) -> LogEvent:
+    return LogEvent(
+        id=row[0],
+        aggregate_type=row[1],
+        aggregate_id=row[2],
+        event_type=row[3],
+        payload_json=row[4],
+        headers=json.loads(row[5]) if isinstance(row[5], str) else row[5],
+        topic=row[6],
+        key=row[7],
+        created_at=row[8],
+        txid=int(row[9]),
+        position=row[10],
+        shard=row[11],
+    )
+
+
+class ShardLost(Exception):
+    """The database session that owned the shards ended: another relay may own them now."""
+
+
+def batch_record(
+    *,
+    relay_id: str,
+    owner_pid: int,
+    records: Sequence[DeliveryRecord],
+    held: Sequence[tuple[LogEvent, DeliveryRecord | None]],
+    cursor: Cursor,
+    retry_seconds: float,
+) -> None:
+    """In one transaction: the delivery records, the events newly held (a failed head with
+    its failure, or an event queued behind a held key) and the cursor's new place.
+
+    Raises ShardLost, having written nothing, if this is no longer the session that locked
+    the shards (the connection was lost and opened again)."""
+    with transaction.atomic(), connection.cursor() as db:
+        db.execute(
+            """
+            INSERT INTO outbox_relay_cursor (shards, tick_id, until_tick_id, txid, position,
+                                             relay)
+            SELECT %s::smallint[], %s, %s, %s::xid8, %s, %s WHERE pg_backend_pid() = %s
+            """,
+            [
+                list(cursor.shards),
+                cursor.tick_id,
+                cursor.until_tick_id,
+                str(cursor.txid),
+                cursor.position,
+                relay_id,
+                owner_pid,
+            ],
+        )
+        if db.rowcount != 1:
+            raise ShardLost(f"the session that locked shards {list(cursor.shards)} has ended")
+        deliveries_insert(relay_id=relay_id, records=records)
+        if held:
+            _held_insert(held, retry_seconds=retry_seconds)
+
+
+def deliveries_insert(*, relay_id: str, records: Sequence[DeliveryRecord]) -> None:
+    if not records:
+        return
+    with connection.cursor() as db:
+        db.execute(
+            """
+            INSERT INTO outbox_delivery (event_id, outcome, published_at, kafka_partition,
+                                         kafka_offset, error, relay)
+            SELECT record.*, %s
+            FROM unnest(%s::uuid[], %s::varchar[], %s::timestamptz[], %s::integer[],
+                        %s::bigint[], %s::text[]) AS record
+            """,
+            [
+                relay_id,
+                [r.event_id for r in records],
+                [r.outcome.value for r in records],
+                [r.published_at for r in records],
+                [r.partition for r in records],
+                [r.offset for r in records],
+                [r.error for r in records],
+            ],
+        )
+
+
+def _held_insert(
+    held: Sequence[tuple[LogEvent, DeliveryRecord | None]], *, retry_seconds: float
+) -> None:
+    """A failed head is tried again after about retry_seconds; the events behind it wait."""
+    with connection.cursor() as db:
+        db.execute(
+            """
+            INSERT INTO outbox_held_event (event_id, shard, topic, key, transaction_id,
+                                           position, attempts, next_attempt_at, last_error,
+                                           held_at)
+            SELECT held.event_id, held.shard, held.topic, held.key, held.txid, held.position,
+                   held.attempts,
+                   CASE WHEN held.attempts > 0
+                        THEN now() + make_interval(secs => %s * (0.5 + random() / 2)) END,
+                   held.error, now()
+            FROM unnest(%s::uuid[], %s::smallint[], %s::varchar[], %s::varchar[], %s::bigint[],
+                        %s::bigint[], %s::integer[], %s::text[])
+                 AS held(event_id, shard, topic, key, txid, position, attempts, error)
+            ON CONFLICT (event_id) DO NOTHING
+            """,
+            [
+                retry_seconds,
+                [event.id for event, _ in held],
+                [event.shard for event, _ in held],
+                [event.topic for event, _ in held],
+                [event.key for event, _ in held],
+                [event.txid for event, _ in held],
+                [event.position for event, _ in held],
+                [1 if failure else 0 for _, failure in held],
+                [failure.error if failure else "" for _, failure in held],
+            ],
+        )
+
+
+def held_keys_read(*, shards: Sequence[int]) -> set[tuple[str, str]]:
+    with connection.cursor() as db:
+        db.execute(
+            "SELECT DISTINCT topic, key FROM outbox_held_event WHERE shard = ANY(%s)",
+            [list(shards)],
+        )
+        return {(topic, key) for topic, key in db.fetchall()}
+
+
+def held_heads_due(*, shards: Sequence[int], limit: int) -> list[tuple[str, str]]:
+    """The held keys whose head's retry has come due, oldest first."""
+    with connection.cursor() as db:
+        db.execute(
+            """
+            SELECT head.topic, head.key FROM (
+                SELECT DISTINCT ON (topic, key) topic, key, next_attempt_at, attempts
+                FROM outbox_held_event WHERE shard = ANY(%s)
+                ORDER BY topic, key, transaction_id, position
+            ) AS head
+            -- A head that never failed (it was queued behind one that has gone) is due now;
+            -- one whose attempts are spent waits for an operator.
+            WHERE head.next_attempt_at <= now()
+               OR (head.next_attempt_at IS NULL AND head.attempts = 0)
+            ORDER BY head.next_attempt_at NULLS FIRST
+            LIMIT %s
+            """,
+            [list(shards), limit],
+        )
+        return [(topic, key) for topic, key in db.fetchall()]
+
+
+def held_events_read(*, topic: str, key: str, limit: int) -> list[tuple[LogEvent, int]]:
+    """The held events of one key in order, each with its attempts so far."""
+    with connection.cursor() as db:
+        db.execute(
+            """
+            SELECT event.id, event.aggregatetype, event.aggregateid, event.type,
+                   event.payload::text, event.headers, event.topic, event.key, event.created_at,
+                   held.transaction_id::text, held.position, held.shard, held.attempts
+            FROM outbox_held_event AS held
+            JOIN outbox_event AS event ON event.id = held.event_id
+            WHERE held.topic = %s AND held.key = %s
+            ORDER BY held.transaction_id, held.position
+            LIMIT %s
+            """,
+            [topic, key, limit],
+        )
+        return [(_log_event(row[:12]), row[12]) for row in db.fetchall()]
+
+
+def held_release(*, relay_id: str, records: Sequence[DeliveryRecord]) -> None:
+    """Records the deliveries of held events and lets them go."""
+    with transaction.atomic():
+        deliveries_insert(relay_id=relay_id, records=records)
+        with connection.cursor() as db:
+            db.execute(
+                "DELETE FROM outbox_held_event WHERE event_id = ANY(%s::uuid[])",
+                [[r.event_id for r in records]],
+            )
+
+
+def held_head_failed(
+    *,
+    relay_id: str,
+    record: DeliveryRecord,
+    max_attempts: int,
+    base_seconds: float,
+    max_seconds: float,
+) -> None:
+    """Counts a failed retry of a held head: the next by exponential backoff with jitter, or
+    none after `max_attempts` (an operator retries or discards it)."""
+    with transaction.atomic():
+        deliveries_insert(relay_id=relay_id, records=[record])
+        with connection.cursor() as db:
+            db.execute(
+                """
+                UPDATE outbox_held_event
+                SET attempts = attempts + 1, last_error = %(error)s,
+                    next_attempt_at = CASE WHEN attempts + 1 >= %(max_attempts)s THEN NULL
+                        ELSE now() + make_interval(secs =>
+                            LEAST(%(max_seconds)s, %(base_seconds)s * power(2, attempts))
+                            * (0.5 + random() / 2)) END
+                WHERE event_id = %(event_id)s
+                """,
+                {
+                    "error": record.error,
+                    "max_attempts": max_attempts,
+                    "max_seconds": max_seconds,
+                    "base_seconds": base_seconds,
+                    "event_id": record.event_id,
+                },
+            )
+
+
+def event_log_take_over() -> dict[str, int]:
+    """Hands the event-log relay every event the claim relay has not delivered, and starts
+    every shard's cursor now. Run once, with no claim relay running (the claim relay would
+    send the events again).
+
+    One REPEATABLE READ transaction, so that the new tick and the events taken over are seen
+    at the same instant: an event visible at the tick is either delivered (DONE), discarded,
+    or taken over here; one not yet visible is read by the relay after the tick. Taken-over
+    events become held events, in their order (events written before migration 0009 have no
+    transaction id and come first); the head of each key is due at once, or waits for an
+    operator if it is FAILED."""
+    with transaction.atomic(), connection.cursor() as db:
+        db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        db.execute("INSERT INTO outbox_tick (snapshot) VALUES (pg_current_snapshot()) RETURNING id")
+        tick_id = db.fetchone()[0]
+        db.execute(
+            """
+            INSERT INTO outbox_relay_cursor (shards, tick_id, txid, position, relay)
+            VALUES (%s::smallint[], %s, '0'::xid8, 0, 'take-over')
+            """,
+            [list(ALL_SHARDS), tick_id],
+        )
+        db.execute(
+            f"""
+            INSERT INTO outbox_held_event (event_id, shard, topic, key, transaction_id,
+                                           position, attempts, next_attempt_at, last_error,
+                                           held_at)
+            SELECT id, {SHARD_SQL.format(key="key")}, topic, key,
+                   coalesce(txid::text::bigint, 0), position, attempts,
+                   CASE WHEN status = 'FAILED' THEN NULL
+                        ELSE greatest(next_attempt_at, now()) END,
+                   last_error, now()
+            FROM outbox_event AS event
+            WHERE status <> 'DONE' AND discarded_at IS NULL
+              -- Sent by the event-log relay already (a second take-over): never again.
+              AND NOT EXISTS (
+                  SELECT 1 FROM outbox_delivery AS delivery
+                  WHERE delivery.event_id = event.id AND delivery.outcome = 'PUBLISHED'
+              )
+            ON CONFLICT (event_id) DO NOTHING
+            """  # noqa: S608 (composed of constants, no input)
+        )
+        taken = db.rowcount
+    return {"tick": tick_id, "events": taken}

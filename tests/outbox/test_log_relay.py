@@ -1,0 +1,417 @@
+import signal
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from io import StringIO
+from typing import TypeVar
+
+import pytest
+from django.core.management import call_command
+from django.db import connection, connections, transaction
+from django.db.models import F
+from django.utils import timezone
+
+import outbox
+from outbox.log_relay import LogRelay, LogRunResult
+from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
+from outbox.producer import close_producers
+from outbox.services.event_log import ALL_SHARDS, SHARD_COUNT, shard_of, shards_lock
+from outbox.services.retention import outbox_event_log_purge
+from outbox.tasks import relay as relay_task
+from tests.conftest import connect_outside_django
+from tests.outbox.conftest import consume_all, headers_of, payload_of, publish_events, wait_until
+from tests.outbox.test_relay import assert_order_per_key
+
+T = TypeVar("T")
+
+pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def log_relay() -> Iterator[Callable[..., LogRelay]]:
+    """Makes event-log relays and gives up their shards after the test: the advisory locks
+    belong to the database session, which outlives the test."""
+    made: list[LogRelay] = []
+
+    def make(**options: object) -> LogRelay:
+        relay = LogRelay(**options)  # type: ignore[arg-type]
+        made.append(relay)
+        return relay
+
+    yield make
+    for relay in made:
+        relay.close()
+
+
+def published_ids() -> Counter[str]:
+    return Counter(
+        str(event_id)
+        for event_id in OutboxDelivery.objects.filter(
+            outcome=OutboxDelivery.Outcome.PUBLISHED
+        ).values_list("event_id", flat=True)
+    )
+
+
+def insert_event_outside(session, *, topic: str, key: str, seq: int) -> uuid.UUID:
+    """Writes an event as any other writer of the table would (not through Django)."""
+    event_id = uuid.uuid4()
+    session.execute(
+        """
+        INSERT INTO outbox_event (id, aggregatetype, aggregateid, type, payload, headers, topic,
+                                  key, status, attempts, next_attempt_at, last_error, created_at,
+                                  updated_at, locked_by)
+        VALUES (%s, 'order', %s, 'OrderPlaced', %s::jsonb, '{}', %s, %s, 'PENDING', 0, now(),
+                '', now(), now(), '')
+        """,
+        [event_id, key, f'{{"seq": {seq}}}', topic, key],
+    )
+    return event_id
+
+
+def test_events_go_out_once_in_order_per_key_and_each_delivery_is_a_row(
+    kafka_topic, kafka_consumer_config, log_relay
+):
+    topic = kafka_topic(partitions=3)
+    events = []
+    for start in range(0, 600, 60):  # ten transactions, spread over several batches
+        events += publish_events(topic, 60, keys=7, start=start)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        outbox.publish(
+            aggregate_type="o", aggregate_id="x", event_type="E", payload={}, topic=topic
+        )
+        raise RuntimeError("rolled back")
+
+    result = log_relay(batch_size=100).run()
+
+    assert (result.published, result.failed, result.held, result.drained) == (600, 0, 0, True)
+    messages = consume_all(kafka_consumer_config, topic, expected=600)
+    assert Counter(headers_of(m)["event_id"] for m in messages) == {str(e.id): 1 for e in events}
+    assert_order_per_key(messages)
+    deliveries = {str(d.event_id): d for d in OutboxDelivery.objects.all()}
+    assert len(deliveries) == 600
+    for message in messages:
+        delivery = deliveries[headers_of(message)["event_id"]]
+        assert delivery.outcome == OutboxDelivery.Outcome.PUBLISHED
+        assert (delivery.kafka_partition, delivery.kafka_offset) == (
+            message.partition(),
+            message.offset(),
+        )
+    # The events themselves were never touched: still as publish() wrote them.
+    assert set(OutboxEvent.objects.values_list("status", "attempts")) == {("PENDING", 0)}
+    assert not OutboxEvent.objects.exclude(updated_at=F("created_at")).exists()
+    assert log_relay().run().published == 0
+
+
+def test_an_event_whose_transaction_commits_after_later_ones_is_not_skipped(
+    kafka_topic, kafka_consumer_config, log_relay
+):
+    topic = kafka_topic()
+    relay = log_relay()
+    # A reporting transaction holds its snapshot for the whole test, as pg_dump would.
+    with connect_outside_django(connection.settings_dict, autocommit=True) as report:
+        report.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        report.execute("SELECT count(*) FROM outbox_event").fetchone()
+        with connect_outside_django(connection.settings_dict) as slow_writer:
+            late_id = insert_event_outside(slow_writer, topic=topic, key="late", seq=0)
+            early = publish_events(topic, 3, keys=3, start=100)
+            assert relay.run().published == 3
+            # The relay moved on past events that committed meanwhile; the slow writer's
+            # transaction began before them and commits only now.
+            later = publish_events(topic, 2, keys=2, start=200)
+            assert relay.run().published == 2
+            slow_writer.commit()
+        assert relay.run().published == 1
+        report.execute("ROLLBACK")
+
+    delivered = published_ids()
+    assert delivered == {str(e.id): 1 for e in early + later} | {str(late_id): 1}
+    messages = consume_all(kafka_consumer_config, topic, expected=6)
+    assert sorted(headers_of(m)["event_id"] for m in messages) == sorted(delivered)
+
+
+def test_a_failed_event_holds_its_key_until_it_goes_then_the_rest_follows_in_order(
+    kafka_topic, kafka_consumer_config, log_relay, settings
+):
+    topic = kafka_topic(partitions=2)
+    # The producer refuses a record over 4,000 bytes: one event of key "a" is too large.
+    settings.OUTBOX_PRODUCER_CONFIG = {"message.max.bytes": "4000"}
+    settings.OUTBOX_RETRY_BASE_SECONDS = 60
+    with transaction.atomic():
+        for seq in range(4):
+            for key in ("a", "b"):
+                big = key == "a" and seq == 1
+                outbox.publish(
+                    aggregate_type="order",
+                    aggregate_id=key,
+                    event_type="OrderPlaced",
+                    payload={"seq": seq, "filler": "x" * (5000 if big else 10)},
+                    topic=topic,
+                )
+    relay = log_relay()
+
+    first = relay.run()
+
+    assert (first.published, first.failed, first.held) == (5, 1, 2)  # a0, b0-b3; a1; a2, a3
+    held = list(OutboxHeldEvent.objects.order_by("transaction_id", "position"))
+    assert [(h.key, h.attempts) for h in held] == [("a", 1), ("a", 0), ("a", 0)]
+    assert "MSG_SIZE_TOO_LARGE" in held[0].last_error
+    assert held[0].next_attempt_at > timezone.now()  # backoff: not before its time
+    assert relay.run().published == 0
+    # Later events of the held key wait behind it; other keys are not held up.
+    publish_events(topic, 2, keys=2, start=8)  # "order-0", "order-1": fresh keys
+    with transaction.atomic():
+        outbox.publish(
+            aggregate_type="order",
+            aggregate_id="a",
+            event_type="E",
+            payload={"seq": 4},
+            topic=topic,
+        )
+    later = relay.run()
+    assert (later.published, later.held) == (2, 1)
+
+    settings.OUTBOX_PRODUCER_CONFIG = {}
+    close_producers()
+    OutboxHeldEvent.objects.update(next_attempt_at=timezone.now())  # as an operator's retry
+    released = relay.run()
+
+    assert released.published == 4
+    assert not OutboxHeldEvent.objects.exists()
+    messages = consume_all(kafka_consumer_config, topic, expected=11)
+    assert len(messages) == 11
+    by_key: dict[bytes, list[int]] = {}
+    for message in sorted(messages, key=lambda m: (m.partition(), m.offset())):
+        by_key.setdefault(message.key() or b"", []).append(payload_of(message)["seq"])
+    assert by_key[b"a"] == [0, 1, 2, 3, 4]
+    assert by_key[b"b"] == [0, 1, 2, 3]
+    head_id = held[0].event_id
+    assert list(
+        OutboxDelivery.objects.filter(event_id=head_id).order_by("id").values_list("outcome")
+    ) == [("FAILED",), ("PUBLISHED",)]
+
+
+def test_a_head_that_keeps_failing_waits_for_an_operator_after_its_last_attempt(
+    kafka_topic, log_relay, settings
+):
+    topic = kafka_topic()
+    settings.OUTBOX_PRODUCER_CONFIG = {"message.max.bytes": "4000"}
+    settings.OUTBOX_MAX_ATTEMPTS = 2
+    with transaction.atomic():
+        outbox.publish(
+            aggregate_type="o", aggregate_id="k", event_type="E", payload="x" * 5000, topic=topic
+        )
+    relay = log_relay()
+    relay.run()
+    OutboxHeldEvent.objects.update(next_attempt_at=timezone.now())
+    assert relay.run().failed == 1
+
+    head = OutboxHeldEvent.objects.get()
+    assert (head.attempts, head.next_attempt_at) == (2, None)
+    assert relay.run().failed == 0  # no longer tried by itself
+    assert OutboxDelivery.objects.filter(outcome="FAILED").count() == 2
+
+
+def test_with_the_broker_unreachable_the_batch_waits_and_no_key_is_held(
+    kafka_topic, kafka_consumer_config, log_relay, settings
+):
+    topic = kafka_topic()
+    events = publish_events(topic, 5, keys=5)
+    real_servers = settings.KAFKA_BOOTSTRAP_SERVERS
+    settings.KAFKA_BOOTSTRAP_SERVERS = "127.0.0.1:1"  # nothing listens there
+    settings.OUTBOX_PRODUCER_DELIVERY_TIMEOUT_MS = 1000
+    during_outage = log_relay()
+
+    outage = during_outage.run(max_seconds=0.1)
+
+    assert (outage.published, outage.failed, outage.held) == (0, 5, 0)
+    assert not OutboxHeldEvent.objects.exists()
+    assert set(OutboxDelivery.objects.values_list("outcome", flat=True)) == {"FAILED"}
+    assert "_MSG_TIMED_OUT" in OutboxDelivery.objects.first().error
+    during_outage.close()
+
+    settings.KAFKA_BOOTSTRAP_SERVERS = real_servers
+    close_producers()
+    # A relay that starts from what the first one wrote down finds the whole batch.
+    assert log_relay().run().published == 5
+    messages = consume_all(kafka_consumer_config, topic, expected=5)
+    assert Counter(headers_of(m)["event_id"] for m in messages) == {str(e.id): 1 for e in events}
+
+
+def _in_own_session(work: Callable[[], T]) -> T:
+    """Runs `work` in a thread, hence on a database session of its own, closed at the end."""
+    results: list[T] = []
+
+    def target() -> None:
+        try:
+            results.append(work())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(120)
+    return results[0]
+
+
+def test_relays_share_the_shards_and_one_takes_over_what_another_gave_up(
+    kafka_topic, kafka_consumer_config, log_relay
+):
+    topic = kafka_topic(partitions=3)
+    events = publish_events(topic, 400, keys=40)
+    half = SHARD_COUNT // 2
+    lower = log_relay(shards=range(half))
+    upper = log_relay(shards=range(half, SHARD_COUNT))
+    standby = log_relay()
+
+    sent_by_lower = lower.run().published
+    sent_by_upper = _in_own_session(upper.run).published
+
+    upper_keys = {key for key in {e.key for e in events} if shard_of(key) >= half}
+    assert 0 < len(upper_keys) < 40
+    assert sent_by_upper == sum(1 for e in events if e.key in upper_keys)
+    assert sent_by_lower + sent_by_upper == 400
+
+    def standby_run() -> tuple[LogRunResult, tuple[int, ...]]:
+        result = standby.run()
+        owned = standby.owned
+        standby.close()
+        return result, owned
+
+    # The upper relay's session has ended; the lower one's still holds its shards.
+    result, owned = _in_own_session(standby_run)
+    assert (result.published, owned) == (0, tuple(range(half, SHARD_COUNT)))
+    more = publish_events(topic, 100, keys=40, start=400)
+    lower.close()
+    result, owned = _in_own_session(standby_run)
+    assert (result.published, owned) == (100, ALL_SHARDS)
+
+    messages = consume_all(kafka_consumer_config, topic, expected=500)
+    assert Counter(headers_of(m)["event_id"] for m in messages) == {
+        str(e.id): 1 for e in events + more
+    }
+    assert_order_per_key(messages)
+
+
+def test_a_relay_killed_before_recording_its_batch_loses_nothing(
+    kafka_topic, kafka_consumer_config, start_relay, log_relay
+):
+    topic = kafka_topic(partitions=3)
+    events = publish_events(topic, 300, keys=50)
+
+    doomed = start_relay("--log", OUTBOX_FAULT_INJECTION="log-before-record")
+    assert doomed.wait(60) == -signal.SIGKILL
+    # It produced a batch and died before writing anything of it down.
+    assert not OutboxDelivery.objects.exists()
+
+    survivor = log_relay()  # its session died with it, and its shards are free
+    wait_until(lambda: survivor.run().drained and len(published_ids()) == 300, timeout=60)
+    messages = consume_all(kafka_consumer_config, topic, expected=300)
+    counts = Counter(headers_of(m)["event_id"] for m in messages)
+    assert set(counts) == {str(e.id) for e in events}, "an event was lost"
+    assert published_ids() == {str(e.id): 1 for e in events}
+    # The killed relay's batch may be in the log twice (at least once); consumers drop copies.
+    assert_order_per_key([m for m in messages if counts[headers_of(m)["event_id"]] == 1])
+
+
+def test_the_long_running_log_relay_wakes_on_commit_and_stops_cleanly(kafka_topic, start_relay):
+    topic = kafka_topic()
+    relay = start_relay("--log", "--poll-seconds", "30")  # only a notification wakes it in time
+    assert relay.stdout is not None
+    assert "listening" in relay.stdout.readline()
+    events = publish_events(topic, 3)
+    wait_until(lambda: len(published_ids()) == 3, timeout=10, message="the three deliveries")
+    relay.send_signal(signal.SIGTERM)
+    assert relay.wait(40) == 0
+    assert published_ids() == {str(e.id): 1 for e in events}
+
+
+def test_taking_over_from_the_claim_relay_sends_what_it_left_once_and_in_order(
+    kafka_topic, kafka_consumer_config, log_relay
+):
+    topic = kafka_topic(partitions=2)
+    events = {(e.key, e.payload["seq"]): e for e in publish_events(topic, 8, keys=4)}
+    # What a claim relay left behind: order-0 delivered; order-1 waiting, its head leased;
+    # order-2 FAILED at its head; order-3 written before migration 0009 (no txid).
+    OutboxEvent.objects.filter(key="order-0").update(status="DONE")
+    OutboxEvent.objects.filter(pk=events["order-1", 0].pk).update(
+        locked_by="claim-relay", locked_until=timezone.now()
+    )
+    OutboxEvent.objects.filter(pk=events["order-2", 0].pk).update(
+        status="FAILED", attempts=10, last_error="RECORD_TOO_LARGE"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE outbox_event SET txid = NULL WHERE key = 'order-3'")
+
+    out = StringIO()
+    call_command("outbox_log_take_over", stdout=out)
+    assert "holds 6 undelivered events" in out.getvalue()
+    later = publish_events(topic, 4, keys=4, start=8)  # seq 2 of each key
+    relay = log_relay()
+
+    result = relay.run()
+
+    # order-0: seq 2; order-1 and order-3: seq 0 to 2; order-2 waits behind its FAILED head.
+    assert (result.published, result.held) == (7, 1)
+    head = OutboxHeldEvent.objects.get(event_id=events["order-2", 0].id)
+    assert (head.attempts, head.next_attempt_at, head.last_error) == (10, None, "RECORD_TOO_LARGE")
+    OutboxHeldEvent.objects.filter(pk=head.pk).update(next_attempt_at=timezone.now())
+    assert relay.run().published == 3
+    assert log_relay().run().published == 0
+
+    messages = consume_all(kafka_consumer_config, topic, expected=10)
+    by_key: dict[str, list[int]] = {}
+    for message in sorted(messages, key=lambda m: (m.partition(), m.offset())):
+        by_key.setdefault((message.key() or b"").decode(), []).append(payload_of(message)["seq"])
+    assert by_key == {
+        "order-0": [2],
+        "order-1": [0, 1, 2],
+        "order-2": [0, 1, 2],
+        "order-3": [0, 1, 2],
+    }
+    assert len(later) == 4
+
+
+def test_retention_keeps_what_the_relay_still_needs(kafka_topic, log_relay, settings):
+    topic = kafka_topic()
+    settings.OUTBOX_PRODUCER_CONFIG = {"message.max.bytes": "4000"}
+    with transaction.atomic():
+        outbox.publish(
+            aggregate_type="o", aggregate_id="a", event_type="E", payload="x" * 5000, topic=topic
+        )
+    for start in range(0, 6, 2):
+        publish_events(topic, 2, keys=2, start=start)
+    relay = log_relay(batch_size=2)
+    assert relay.run().published == 6
+    OutboxEvent.objects.update(created_at=timezone.now() - timedelta(days=10))
+    fresh = publish_events(topic, 3, keys=3, start=100)
+    assert relay.run().published == 3
+    relay.close()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM outbox_relay_cursor")
+        cursors_before = cursor.fetchone()[0]
+
+    deleted = outbox_event_log_purge(older_than=timezone.now() - timedelta(days=7), batch_size=4)
+
+    assert (deleted["events"], deleted["deliveries"]) == (6, 6)
+    assert deleted["cursors"] == cursors_before - 1  # all but the latest
+    assert deleted["ticks"] > 0
+    # The held event and the recent ones stay, with their records.
+    assert OutboxEvent.objects.count() == 4
+    assert OutboxHeldEvent.objects.count() == 1
+    assert set(published_ids()) == {str(e.id) for e in fresh}
+    # The relay goes on from where it was.
+    more = publish_events(topic, 2, keys=2, start=200)
+    assert log_relay().run().published == 2
+    assert set(published_ids()) == {str(e.id) for e in fresh + more}
+
+
+def test_beat_runs_the_event_log_relay_when_asked_and_gives_its_shards_back(kafka_topic, settings):
+    settings.OUTBOX_RELAY_LOG = True
+    events = publish_events(kafka_topic(), 5)
+
+    assert relay_task() == 5
+
+    assert published_ids() == {str(e.id): 1 for e in events}
+    assert _in_own_session(lambda: shards_lock(shards=ALL_SHARDS)) == list(ALL_SHARDS)
