@@ -22,12 +22,17 @@ from datetime import UTC, datetime
 
 from confluent_kafka import KafkaException
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 
 from outbox import metrics
 from outbox.models import OutboxDelivery
 from outbox.producer import discard_producer, get_producer
-from outbox.relay import DeliveryReports, default_relay_id, fault_point, produce_all
+from outbox.relay import (
+    DeliveryReports,
+    default_relay_id,
+    fault_point,
+    publish_batch,
+    publish_batch_in_transaction,
+)
 from outbox.services.event_log import (
     ALL_SHARDS,
     Cursor,
@@ -43,6 +48,7 @@ from outbox.services.event_log import (
     held_head_failed,
     held_heads_due,
     held_keys_read,
+    held_orphans_drop,
     held_release,
     shards_lock,
     shards_unlock,
@@ -100,14 +106,11 @@ class LogRelay:
         self,
         *,
         relay_id: str | None = None,
+        transactional_id: str | None = None,
         batch_size: int | None = None,
         shards: Sequence[int] = ALL_SHARDS,
     ) -> None:
-        if settings.OUTBOX_RELAY_TRANSACTIONAL:
-            raise ImproperlyConfigured(
-                "The event-log relay has no transactional mode yet; unset "
-                "OUTBOX_RELAY_TRANSACTIONAL or run the claim relay."
-            )
+        self.transactional_id = transactional_id
         self.relay_id = relay_id or default_relay_id()
         self.batch_size = batch_size or settings.OUTBOX_BATCH_SIZE
         self.wanted = tuple(sorted(shards))
@@ -232,7 +235,7 @@ class LogRelay:
             return cursor, False
         self.outage_pause = OUTAGE_RETRY_SECONDS
         held = self._held_in(events, sent, held_keys)
-        fault_point("log-before-record")
+        fault_point("before-mark")
         batch_record(
             relay_id=self.relay_id,
             owner_pid=self._owner_pid(),
@@ -282,14 +285,13 @@ class LogRelay:
         if not events:
             return _Sent(delivered=[], failed=[], fatal=False)
         try:
-            producer = get_producer()
+            producer = get_producer(transactional_id=self.transactional_id)
         except KafkaException as error:
             logger.warning("Outbox relay cannot create its producer: %s", error)
             return _Sent(delivered=[], failed=[], fatal=True)
-        reports = DeliveryReports()
-        produce_all(producer, events, reports)
-        producer.producer.flush(self.delivery_timeout + 5)
-        sent = _sent_from(reports, events, fatal=producer.fatal_error is not None)
+        publish = publish_batch_in_transaction if self.transactional_id else publish_batch
+        reports, fatal = publish(producer, events, timeout=self.delivery_timeout + 5)
+        sent = _sent_from(reports, events, fatal=fatal)
         if producer.fatal_error is not None:
             logger.error(
                 "Outbox relay replaces its producer after a fatal error: %s", producer.fatal_error
@@ -312,6 +314,10 @@ class LogRelay:
         due = held_heads_due(shards=self.owned, limit=HELD_KEYS_PER_STEP)
         for topic, key in due:
             events = held_events_read(topic=topic, key=key, limit=self.batch_size)
+            if not events:
+                # Its events were deleted (by hand, or with a test database): nothing to wait for.
+                held_orphans_drop(topic=topic, key=key)
+                continue
             head = events[0][0]
             # The head alone first: were it sent with the rest, a refused head could let its
             # followers overtake it.

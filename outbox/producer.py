@@ -4,9 +4,12 @@ created instance per process (never created before a fork, so safe under Celery'
 import logging
 import os
 import threading
+import time
+from collections.abc import Iterable
 from typing import Any
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, ConfigResource
 from django.conf import settings
 
 from project.kafka import kafka_connection_config
@@ -92,9 +95,78 @@ def discard_producer(producer: RelayProducer) -> None:
 
 
 def close_producers() -> None:
+    """Closes this process's producers and forgets the topic limits it read."""
+    global _topic_admin
     with _lock:
         producers = list(_producers.values())
         _producers.clear()
+        _topic_limits.clear()
+        _topic_admin = None
     for producer in producers:
         if producer.pid == os.getpid():
             producer.close()
+
+
+# A topic's max.message.bytes is read again after this long, or after the shorter time when
+# it could not be read (the topic not created yet, the cluster unreachable).
+TOPIC_LIMIT_TTL_SECONDS = 300.0
+TOPIC_LIMIT_UNKNOWN_TTL_SECONDS = 30.0
+TOPIC_CONFIG_TIMEOUT_SECONDS = 2.0
+# A record batch holding one record adds this much to its key, value and headers at most:
+# the batch header (61 bytes) and the record's own lengths and offsets (varints).
+RECORD_OVERHEAD_BYTES = 100
+HEADER_OVERHEAD_BYTES = 10
+
+_topic_limits: dict[str, tuple[float, int | None]] = {}
+_topic_limits_pid = os.getpid()
+_topic_admin: AdminClient | None = None
+
+
+def topic_record_limits(topics: Iterable[str]) -> dict[str, int]:
+    """max.message.bytes of each topic the broker can describe, read at most every
+    TOPIC_LIMIT_TTL_SECONDS. A topic it cannot (not created yet, the cluster unreachable) has
+    no entry: its records go to the broker, which decides."""
+    global _topic_limits_pid, _topic_admin
+    with _lock:
+        if _topic_limits_pid != os.getpid():
+            _topic_limits.clear()
+            _topic_limits_pid, _topic_admin = os.getpid(), None
+        now = time.monotonic()
+        wanted = {t for t in topics if t not in _topic_limits or _topic_limits[t][0] < now}
+        if wanted:
+            if _topic_admin is None:
+                _topic_admin = AdminClient(kafka_connection_config())
+            _topic_limits.update(_describe_limits(_topic_admin, wanted, now=now))
+        return {
+            topic: limit
+            for topic in topics
+            if (limit := _topic_limits.get(topic, (0.0, None))[1]) is not None
+        }
+
+
+def _describe_limits(
+    admin: AdminClient, topics: set[str], *, now: float
+) -> dict[str, tuple[float, int | None]]:
+    futures = admin.describe_configs(
+        [ConfigResource(ConfigResource.Type.TOPIC, topic) for topic in sorted(topics)],
+        request_timeout=TOPIC_CONFIG_TIMEOUT_SECONDS,
+    )
+    limits: dict[str, tuple[float, int | None]] = {}
+    for resource, future in futures.items():
+        try:
+            config = future.result(timeout=TOPIC_CONFIG_TIMEOUT_SECONDS)
+            limit = int(config["max.message.bytes"].value)
+            limits[resource.name] = (now + TOPIC_LIMIT_TTL_SECONDS, limit)
+        except (KafkaException, KeyError, ValueError, TimeoutError) as error:
+            logger.info("Outbox producer cannot read %s's record limit: %s", resource.name, error)
+            limits[resource.name] = (now + TOPIC_LIMIT_UNKNOWN_TTL_SECONDS, None)
+    return limits
+
+
+def record_size(*, key: bytes, value: bytes, headers: Iterable[tuple[str, Any]]) -> int:
+    """The uncompressed size of a record in a batch of its own, as an upper bound."""
+    header_bytes = sum(
+        len(name.encode()) + len(header_value or b"") + HEADER_OVERHEAD_BYTES
+        for name, header_value in headers
+    )
+    return RECORD_OVERHEAD_BYTES + len(key) + len(value) + header_bytes

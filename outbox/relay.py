@@ -20,7 +20,13 @@ from django.conf import settings
 from django.db import transaction
 
 from outbox import metrics
-from outbox.producer import RelayProducer, discard_producer, get_producer
+from outbox.producer import (
+    RelayProducer,
+    discard_producer,
+    get_producer,
+    record_size,
+    topic_record_limits,
+)
 from outbox.services.claims import (
     ClaimedEvent,
     Delivery,
@@ -113,6 +119,10 @@ class DeliveryReports:
     # Not produced: an earlier event of the same key was refused.
     skipped: set[uuid.UUID] = field(default_factory=set)
 
+    def refuse(self, event: OutgoingEvent, error: str) -> None:
+        self.failures[event.id] = error
+        self.refused.add(event.id)
+
     def on_delivery(self, event_id: uuid.UUID, error: KafkaError | None, message: Message) -> None:
         if error is None:
             self.deliveries[event_id] = Delivery(
@@ -130,21 +140,37 @@ def produce_all(
 ) -> bool:
     """Produces every event in the given order; returns False on a fatal producer error.
 
-    An event the producer refuses outright (too large, say) is a failure, and the later events
-    of its key are not produced at all (reports.skipped): they would overtake it."""
+    An event refused before any broker sees it is a failure: one over its topic's
+    max.message.bytes (a broker would refuse it every time), or one the producer itself
+    refuses (over message.max.bytes, say). The later events of its key are not produced at
+    all (reports.skipped): they would overtake it."""
     kafka = producer.producer
+    limits = topic_record_limits({event.topic for event in events})
     refused_keys: set[tuple[str, str]] = set()
     for event in events:
         if (event.topic, event.key) in refused_keys:
             reports.skipped.add(event.id)
             continue
+        key, value, headers = event.key.encode(), event.payload_json.encode(), record_headers(event)
+        limit = limits.get(event.topic)
+        if (
+            limit is not None
+            and (size := record_size(key=key, value=value, headers=headers)) > limit
+        ):
+            reports.refuse(
+                event,
+                f"RECORD_TOO_LARGE: the record takes up to {size} bytes; topic {event.topic} "
+                f"takes at most {limit} (max.message.bytes)",
+            )
+            refused_keys.add((event.topic, event.key))
+            continue
         while True:
             try:
                 kafka.produce(
                     event.topic,
-                    key=event.key.encode(),
-                    value=event.payload_json.encode(),
-                    headers=record_headers(event),
+                    key=key,
+                    value=value,
+                    headers=headers,
                     on_delivery=partial(reports.on_delivery, event.id),
                 )
                 break
@@ -155,12 +181,62 @@ def produce_all(
                 if kafka_error.fatal():
                     producer.fatal_error = kafka_error
                     return False
-                reports.failures[event.id] = f"{kafka_error.name()}: {kafka_error.str()}"
-                reports.refused.add(event.id)
+                reports.refuse(event, f"{kafka_error.name()}: {kafka_error.str()}")
                 refused_keys.add((event.topic, event.key))
                 break
         kafka.poll(0)
     return producer.fatal_error is None
+
+
+def publish_batch(
+    producer: RelayProducer, events: Sequence[OutgoingEvent], *, timeout: float
+) -> tuple[DeliveryReports, bool]:
+    """Produces the events and waits up to `timeout` seconds for their delivery reports;
+    returns the reports and whether the producer hit a fatal error."""
+    reports = DeliveryReports()
+    produce_all(producer, events, reports)
+    producer.producer.flush(timeout)
+    return reports, producer.fatal_error is not None
+
+
+def publish_batch_in_transaction(
+    producer: RelayProducer, events: Sequence[OutgoingEvent], *, timeout: float
+) -> tuple[DeliveryReports, bool]:
+    """The same in one Kafka transaction: every record is delivered, or none (an aborted
+    transaction fails them all)."""
+    reports = DeliveryReports()
+    kafka = producer.producer
+    try:
+        kafka.begin_transaction()
+        if not produce_all(producer, events, reports):
+            return DeliveryReports(), True
+        kafka.commit_transaction(timeout)
+        kafka.flush(0)
+    except KafkaException as error:
+        kafka_error = error.args[0]
+        if kafka_error.fatal():
+            # Fenced by a newer relay with the same transactional.id, or worse.
+            producer.fatal_error = kafka_error
+            return DeliveryReports(), True
+        logger.warning("Outbox relay aborts its Kafka transaction: %s", kafka_error)
+        try:
+            kafka.abort_transaction(timeout)
+        except KafkaException as abort_error:
+            if abort_error.args[0].fatal():
+                producer.fatal_error = abort_error.args[0]
+                return DeliveryReports(), True
+        reason = f"transaction aborted: {kafka_error.name()}: {kafka_error.str()}"
+        return DeliveryReports(failures={event.id: reason for event in events}), False
+    # Records become visible to read_committed consumers at the commit, not at delivery.
+    committed_at = datetime.now(UTC)
+    for event_id, delivery in list(reports.deliveries.items()):
+        reports.deliveries[event_id] = Delivery(
+            event_id=event_id,
+            partition=delivery.partition,
+            offset=delivery.offset,
+            published_at=committed_at,
+        )
+    return reports, False
 
 
 class Relay:
@@ -223,47 +299,12 @@ class Relay:
     def _publish(
         self, producer: RelayProducer, events: list[ClaimedEvent]
     ) -> tuple[DeliveryReports, bool]:
-        reports = DeliveryReports()
-        produce_all(producer, events, reports)
-        producer.producer.flush(self.delivery_timeout + 5)
-        return reports, producer.fatal_error is not None
+        return publish_batch(producer, events, timeout=self.delivery_timeout + 5)
 
     def _publish_in_transaction(
         self, producer: RelayProducer, events: list[ClaimedEvent]
     ) -> tuple[DeliveryReports, bool]:
-        reports = DeliveryReports()
-        kafka = producer.producer
-        try:
-            kafka.begin_transaction()
-            if not produce_all(producer, events, reports):
-                return DeliveryReports(), True
-            kafka.commit_transaction(self.delivery_timeout + 5)
-            kafka.flush(0)
-        except KafkaException as error:
-            kafka_error = error.args[0]
-            if kafka_error.fatal():
-                # Fenced by a newer relay with the same transactional.id, or worse.
-                producer.fatal_error = kafka_error
-                return DeliveryReports(), True
-            logger.warning("Outbox relay aborts its Kafka transaction: %s", kafka_error)
-            try:
-                kafka.abort_transaction(self.delivery_timeout + 5)
-            except KafkaException as abort_error:
-                if abort_error.args[0].fatal():
-                    producer.fatal_error = abort_error.args[0]
-                    return DeliveryReports(), True
-            reason = f"transaction aborted: {kafka_error.name()}: {kafka_error.str()}"
-            return DeliveryReports(failures={event.id: reason for event in events}), False
-        # Records become visible to read_committed consumers at the commit, not at delivery.
-        committed_at = datetime.now(UTC)
-        for event_id, delivery in list(reports.deliveries.items()):
-            reports.deliveries[event_id] = Delivery(
-                event_id=event_id,
-                partition=delivery.partition,
-                offset=delivery.offset,
-                published_at=committed_at,
-            )
-        return reports, False
+        return publish_batch_in_transaction(producer, events, timeout=self.delivery_timeout + 5)
 
     def _mark(
         self, events: list[ClaimedEvent], reports: DeliveryReports, fatal: bool

@@ -2,12 +2,17 @@
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING, TypedDict
 
 from django.db import connection
-from django.db.models import Min
+from django.db.models import Case, CharField, Exists, Min, OuterRef, QuerySet, Subquery, Value, When
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from outbox.models import OutboxEvent
+from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
 
 
 @dataclass(frozen=True)
@@ -72,3 +77,42 @@ def outbox_oldest_pending_age_seconds() -> float | None:
         oldest=Min("created_at")
     )["oldest"]
     return None if oldest is None else (timezone.now() - oldest).total_seconds()
+
+
+class DeliveryAnnotations(TypedDict):
+    delivery_status: str
+    delivered_at: datetime | None
+    delivered_partition: int | None
+    delivered_offset: int | None
+
+
+def outbox_events_with_delivery(
+    queryset: QuerySet[OutboxEvent],
+) -> "QuerySet[WithAnnotations[OutboxEvent, DeliveryAnnotations]]":
+    """The events of `queryset` with their delivery as users see it, whichever relay sent
+    them: `delivery_status` (PENDING, DONE or FAILED) and `delivered_at`, `delivered_partition`,
+    `delivered_offset`. The claim relay writes these on the event row; the event-log relay
+    appends a delivery record and, for a key it holds, a held event whose attempts are spent
+    once it is FAILED."""
+    published = OutboxDelivery.objects.filter(
+        event_id=OuterRef("pk"), outcome=OutboxDelivery.Outcome.PUBLISHED
+    ).order_by("id")
+    spent = OutboxHeldEvent.objects.filter(
+        event_id=OuterRef("pk"), next_attempt_at__isnull=True, attempts__gt=0
+    )
+    status = OutboxEvent.Status
+    return queryset.annotate(
+        delivery_status=Case(
+            When(status=status.DONE, then=Value(status.DONE)),
+            When(Exists(published), then=Value(status.DONE)),
+            When(status=status.FAILED, then=Value(status.FAILED)),
+            When(Exists(spent), then=Value(status.FAILED)),
+            default=Value(status.PENDING),
+            output_field=CharField(),
+        ),
+        delivered_at=Coalesce("published_at", Subquery(published.values("published_at")[:1])),
+        delivered_partition=Coalesce(
+            "kafka_partition", Subquery(published.values("kafka_partition")[:1])
+        ),
+        delivered_offset=Coalesce("kafka_offset", Subquery(published.values("kafka_offset")[:1])),
+    )

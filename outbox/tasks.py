@@ -23,7 +23,7 @@ def _worker_slot() -> str:
 def relay() -> int:
     """Publishes due events, looping while batches come back full."""
     if settings.OUTBOX_RELAY_LOG:
-        log_relay = LogRelay()
+        log_relay = LogRelay(transactional_id=transactional_id_for(_worker_slot()))
         try:
             return log_relay.run().published
         finally:

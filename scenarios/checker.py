@@ -291,9 +291,11 @@ def _check_group(
 def load_outbox(*, topic: str) -> list[OutboxRow]:
     """Committed outbox events of `topic`; the sequence number comes from payload['seq']."""
     from outbox.models import OutboxEvent
+    from outbox.selectors import outbox_events_with_delivery
 
-    rows = OutboxEvent.objects.filter(topic=topic, discarded_at__isnull=True).values_list(
-        "id", "key", "payload", "status"
+    events = OutboxEvent.objects.filter(topic=topic, discarded_at__isnull=True)
+    rows = outbox_events_with_delivery(events).values_list(
+        "id", "key", "payload", "delivery_status"
     )
     return [
         OutboxRow(

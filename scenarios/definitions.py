@@ -11,6 +11,7 @@ from functools import partial
 from typing import Any
 
 from outbox.models import OutboxEvent
+from outbox.selectors import outbox_events_with_delivery
 from scenarios import faults
 from scenarios.runner import PARTITIONS, Run, Scenario
 
@@ -165,11 +166,12 @@ def _check_nothing_done_during_outage(run: Run) -> None:
 
     start = datetime.fromisoformat(outage["start"]) + timedelta(seconds=OUTAGE_GRACE_SECONDS)
     end = datetime.fromisoformat(outage["end"])
-    done = OutboxEvent.objects.filter(topic=run.topic, status="DONE")
-    during = done.filter(published_at__gt=start, published_at__lt=end).count()
+    events = OutboxEvent.objects.filter(topic=run.topic)
+    done = outbox_events_with_delivery(events).filter(delivery_status="DONE")
+    during = done.filter(delivered_at__gt=start, delivered_at__lt=end).count()
     run.extra["done_during_outage"] = during
-    run.extra["done_before_outage"] = done.filter(published_at__lte=start).count()
-    run.extra["done_after_outage"] = done.filter(published_at__gte=end).count()
+    run.extra["done_before_outage"] = done.filter(delivered_at__lte=start).count()
+    run.extra["done_after_outage"] = done.filter(delivered_at__gte=end).count()
     run.extra["pending_at_outage_end"] = (
         OutboxEvent.objects.filter(topic=run.topic, created_at__lt=end).count()
         - run.extra["done_before_outage"]

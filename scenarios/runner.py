@@ -32,7 +32,8 @@ from django.db.models import Count
 
 import outbox
 from inbox.models import InboxMessage
-from outbox.models import OutboxEvent
+from outbox.models import OutboxEvent, OutboxHeldEvent
+from outbox.selectors import outbox_events_with_delivery
 from scenarios import faults, ports
 from scenarios.checker import DeliveryReport, delivery_check
 from scenarios.conf import AGGREGATE_TYPE, EVENT_TYPE, GROUP_VARIABLE, RUN_VARIABLE, TOPIC_VARIABLE
@@ -617,7 +618,8 @@ class Run:
 
     def _progress(self) -> tuple[int, int] | None:
         try:
-            pending = OutboxEvent.objects.filter(topic=self.topic).exclude(status="DONE").count()
+            events = OutboxEvent.objects.filter(topic=self.topic)
+            pending = outbox_events_with_delivery(events).exclude(delivery_status="DONE").count()
             applied = (
                 ScenarioEffect.objects.filter(consumer_group=self.group)
                 .values("event_id")
@@ -914,7 +916,11 @@ def prepare_database() -> None:
     if not faults.is_isolated():
         raise RuntimeError("the scenario runner only runs against the isolated services")
     call_command("migrate", verbosity=0, interactive=False)
-    OutboxEvent.objects.exclude(status="DONE").delete()
+    undelivered = outbox_events_with_delivery(OutboxEvent.objects.all()).exclude(
+        delivery_status="DONE"
+    )
+    OutboxHeldEvent.objects.all().delete()
+    OutboxEvent.objects.filter(pk__in=undelivered.values("pk")).delete()
 
 
 def run_scenario(

@@ -380,6 +380,19 @@ def held_events_read(*, topic: str, key: str, limit: int) -> list[tuple[LogEvent
         return [(_log_event(row[:12]), row[12]) for row in db.fetchall()]
 
 
+def held_orphans_drop(*, topic: str, key: str) -> None:
+    """Lets go of the held events of a key whose event rows no longer exist."""
+    with connection.cursor() as db:
+        db.execute(
+            """
+            DELETE FROM outbox_held_event AS held
+            WHERE held.topic = %s AND held.key = %s
+              AND NOT EXISTS (SELECT 1 FROM outbox_event AS event WHERE event.id = held.event_id)
+            """,
+            [topic, key],
+        )
+
+
 def held_release(*, relay_id: str, records: Sequence[DeliveryRecord]) -> None:
     """Records the deliveries of held events and lets them go."""
     with transaction.atomic():

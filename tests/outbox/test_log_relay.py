@@ -1,3 +1,4 @@
+import json
 import signal
 import threading
 import uuid
@@ -17,7 +18,14 @@ import outbox
 from outbox.log_relay import LogRelay, LogRunResult
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
 from outbox.producer import close_producers
-from outbox.services.event_log import ALL_SHARDS, SHARD_COUNT, shard_of, shards_lock
+from outbox.relay import transactional_id_for
+from outbox.services.event_log import (
+    ALL_SHARDS,
+    SHARD_COUNT,
+    LogEvent,
+    shard_of,
+    shards_lock,
+)
 from outbox.services.retention import outbox_event_log_purge
 from outbox.tasks import relay as relay_task
 from tests.conftest import connect_outside_django
@@ -300,7 +308,7 @@ def test_a_relay_killed_before_recording_its_batch_loses_nothing(
     topic = kafka_topic(partitions=3)
     events = publish_events(topic, 300, keys=50)
 
-    doomed = start_relay("--log", OUTBOX_FAULT_INJECTION="log-before-record")
+    doomed = start_relay("--log", OUTBOX_FAULT_INJECTION="before-mark")
     assert doomed.wait(60) == -signal.SIGKILL
     # It produced a batch and died before writing anything of it down.
     assert not OutboxDelivery.objects.exists()
@@ -415,3 +423,110 @@ def test_beat_runs_the_event_log_relay_when_asked_and_gives_its_shards_back(kafk
 
     assert published_ids() == {str(e.id): 1 for e in events}
     assert _in_own_session(lambda: shards_lock(shards=ALL_SHARDS)) == list(ALL_SHARDS)
+
+
+def test_a_record_over_its_topic_limit_is_refused_before_producing_and_holds_its_key(
+    kafka_topic, kafka_consumer_config, log_relay
+):
+    topic = kafka_topic(config={"max.message.bytes": "3000"})
+    with transaction.atomic():
+        for seq, size in enumerate((10, 4000, 10)):
+            outbox.publish(
+                aggregate_type="o",
+                aggregate_id="a",
+                event_type="E",
+                payload={"seq": seq, "filler": "x" * size},
+                topic=topic,
+            )
+        outbox.publish(
+            aggregate_type="o", aggregate_id="b", event_type="E", payload={}, topic=topic
+        )
+
+    result = log_relay().run()
+
+    assert (result.published, result.failed, result.held) == (2, 1, 1)
+    head = OutboxHeldEvent.objects.order_by("transaction_id", "position").first()
+    assert head.last_error.startswith("RECORD_TOO_LARGE")
+    assert f"topic {topic} takes at most 3000" in head.last_error
+    messages = consume_all(kafka_consumer_config, topic, expected=2)
+    assert sorted((m.key(), payload_of(m).get("seq")) for m in messages) == [
+        (b"a", 0),
+        (b"b", None),
+    ]
+
+
+def _as_log_events(events: list[OutboxEvent]) -> list[LogEvent]:
+    return [
+        LogEvent(
+            id=e.id,
+            aggregate_type=e.aggregate_type,
+            aggregate_id=e.aggregate_id,
+            event_type=e.event_type,
+            payload_json=json.dumps(e.payload),
+            headers=e.headers,
+            topic=e.topic,
+            key=e.key,
+            created_at=e.created_at,
+            txid=0,
+            position=e.position,
+            shard=shard_of(e.key),
+        )
+        for e in events
+    ]
+
+
+def test_transactional_mode_fences_a_relay_that_lost_its_shards_and_sends_on(
+    kafka_topic, kafka_consumer_config, start_relay, log_relay, settings
+):
+    settings.OUTBOX_RELAY_TRANSACTIONAL = True
+    slot = f"fence-{uuid.uuid4().hex[:8]}"
+    zombie = log_relay(transactional_id=transactional_id_for(slot))
+    topic = kafka_topic(partitions=2)
+    first = publish_events(topic, 10, keys=10)
+    assert zombie.run().published == 10
+
+    # The zombie loses its database session (and its shards with it) while it stalls; a
+    # successor with its slot takes the shards over.
+    second = publish_events(topic, 10, keys=10, start=10)
+    connection.close()
+    successor = start_relay("--log", "--slot", slot, OUTBOX_RELAY_TRANSACTIONAL="true")
+    assert successor.stdout is not None
+    assert "listening" in successor.stdout.readline()
+    wait_until(lambda: len(published_ids()) == 20, timeout=60, message="the successor's batch")
+
+    # The zombie wakes up and sends the batch it had read: its transaction is fenced and
+    # nothing of it becomes visible; nor can it take back the shards.
+    sent = zombie._send(_as_log_events(second))
+    assert sent.fatal
+    assert not sent.delivered
+    assert zombie.run().published == 0
+    assert zombie.owned == ()
+
+    successor.send_signal(signal.SIGTERM)
+    assert successor.wait(30) == 0
+    messages = consume_all(kafka_consumer_config, topic, expected=20)  # read_committed
+    assert Counter(headers_of(m)["event_id"] for m in messages) == {
+        str(e.id): 1 for e in first + second
+    }
+
+
+def test_a_held_key_whose_events_were_deleted_is_let_go(kafka_topic, log_relay, settings):
+    topic = kafka_topic()
+    settings.OUTBOX_PRODUCER_CONFIG = {"message.max.bytes": "4000"}
+    with transaction.atomic():
+        for size in (5000, 10):
+            outbox.publish(
+                aggregate_type="o",
+                aggregate_id="k",
+                event_type="E",
+                payload="x" * size,
+                topic=topic,
+            )
+    relay = log_relay()
+    assert relay.run().held == 1
+    OutboxEvent.objects.filter(topic=topic).delete()
+    OutboxHeldEvent.objects.update(next_attempt_at=timezone.now())
+
+    assert relay.run().failed == 0
+
+    assert not OutboxHeldEvent.objects.exists()

@@ -404,3 +404,18 @@ def test_the_long_running_relay_survives_losing_its_database_connections(kafka_t
     assert relay.poll() is None, "the relay exited instead of reconnecting"
     relay.send_signal(signal.SIGTERM)
     assert relay.wait(30) == 0
+
+
+def test_a_record_over_its_topic_limit_is_a_failed_attempt_without_asking_a_broker(kafka_topic):
+    topic = kafka_topic(config={"max.message.bytes": "3000"})
+    with transaction.atomic():
+        event = outbox.publish(
+            aggregate_type="o", aggregate_id="k", event_type="E", payload="x" * 4000, topic=topic
+        )
+
+    result = Relay().run_once()
+
+    assert (result.claimed, result.failed, result.published) == (1, 1, 0)
+    stored = OutboxEvent.objects.get(pk=event.pk)
+    assert (stored.status, stored.attempts) == (OutboxEvent.Status.PENDING, 1)
+    assert stored.last_error.startswith("RECORD_TOO_LARGE: the record takes up to ")

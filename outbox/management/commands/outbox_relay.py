@@ -56,13 +56,16 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, self._stop)
         relay: Relay | LogRelay
         if options["log"] or settings.OUTBOX_RELAY_LOG:
-            relay = LogRelay(batch_size=options["batch_size"])
+            relay = LogRelay(
+                transactional_id=transactional_id_for(options["slot"]),
+                batch_size=options["batch_size"],
+            )
         else:
             relay = Relay(
                 transactional_id=transactional_id_for(options["slot"]),
                 batch_size=options["batch_size"],
             )
-        if isinstance(relay, Relay) and relay.transactional_id:
+        if relay.transactional_id:
             # Initialising the transactional producer now fences a zombie with the same slot
             # before this relay reports itself ready.
             get_producer(transactional_id=relay.transactional_id)

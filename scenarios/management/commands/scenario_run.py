@@ -92,6 +92,12 @@ class Command(BaseCommand):
         parser.add_argument("--json", help="Also write the results to this file.")
         parser.add_argument("--list", action="store_true", help="List the scenarios and exit.")
         parser.add_argument(
+            "--log-relay",
+            action="store_true",
+            help="Run the event-log relay (OUTBOX_RELAY_LOG=true in every process it starts) "
+            "instead of the claim relay.",
+        )
+        parser.add_argument(
             "--keep-services",
             action="store_true",
             help="Leave the isolated services running at the end, for debugging (by default "
@@ -108,6 +114,9 @@ class Command(BaseCommand):
             scenarios = pick(options["names"] or SUITE)
         except KeyError as error:
             raise CommandError(str(error)) from error
+        if options["log_relay"]:
+            # Read by the relays and beat workers it starts, which inherit its environment.
+            os.environ["OUTBOX_RELAY_LOG"] = "true"
         # Before this process's settings are fixed (the re-run below): the ports may move.
         faults.claim_ports()
         if not faults.is_isolated():
