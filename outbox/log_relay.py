@@ -82,7 +82,7 @@ class LogRunResult:
 
 
 @dataclass
-class _Sent:
+class SentBatch:
     delivered: list[DeliveryRecord]
     failed: list[DeliveryRecord]
     fatal: bool
@@ -255,7 +255,7 @@ class LogRelay:
         return self.owner_pid
 
     def _held_in(
-        self, events: list[LogEvent], sent: _Sent, held_keys: set[tuple[str, str]]
+        self, events: list[LogEvent], sent: SentBatch, held_keys: set[tuple[str, str]]
     ) -> list[tuple[LogEvent, DeliveryRecord | None]]:
         """The events of this batch to hold: each failed event of a key not held yet (a new
         head, with its failure), and every other event of a held key that did not go out."""
@@ -281,14 +281,14 @@ class LogRelay:
                 held.append((event, None))
         return held
 
-    def _send(self, events: Sequence[LogEvent]) -> _Sent:
+    def _send(self, events: Sequence[LogEvent]) -> SentBatch:
         if not events:
-            return _Sent(delivered=[], failed=[], fatal=False)
+            return SentBatch(delivered=[], failed=[], fatal=False)
         try:
             producer = get_producer(transactional_id=self.transactional_id)
         except KafkaException as error:
             logger.warning("Outbox relay cannot create its producer: %s", error)
-            return _Sent(delivered=[], failed=[], fatal=True)
+            return SentBatch(delivered=[], failed=[], fatal=True)
         publish = publish_batch_in_transaction if self.transactional_id else publish_batch
         reports, fatal = publish(producer, events, timeout=self.delivery_timeout + 5)
         sent = _sent_from(reports, events, fatal=fatal)
@@ -299,7 +299,7 @@ class LogRelay:
             discard_producer(producer)
         return sent
 
-    def _pause_for_outage(self, sent: _Sent) -> None:
+    def _pause_for_outage(self, sent: SentBatch) -> None:
         logger.warning(
             "Outbox relay sent none of a batch (%s); trying it again in %.1fs",
             sent.failed[0].error if sent.failed else "no producer",
@@ -353,7 +353,7 @@ class LogRelay:
         return bool(due)
 
     @staticmethod
-    def _observe(events: Sequence[LogEvent], sent: _Sent) -> None:
+    def _observe(events: Sequence[LogEvent], sent: SentBatch) -> None:
         by_id = {event.id: event for event in events}
         for topic, count in Counter(by_id[r.event_id].topic for r in sent.delivered).items():
             metrics.PUBLISHED.labels(topic=topic).inc(count)
@@ -364,7 +364,7 @@ class LogRelay:
             metrics.RETRIED.labels(topic=by_id[record.event_id].topic).inc()
 
 
-def _sent_from(reports: DeliveryReports, events: Sequence[LogEvent], *, fatal: bool) -> _Sent:
+def _sent_from(reports: DeliveryReports, events: Sequence[LogEvent], *, fatal: bool) -> SentBatch:
     now = datetime.now(UTC)
     delivered = [
         DeliveryRecord(
@@ -386,7 +386,7 @@ def _sent_from(reports: DeliveryReports, events: Sequence[LogEvent], *, fatal: b
         for event in events
         if event.id not in reports.deliveries and event.id not in reports.skipped
     ]
-    return _Sent(delivered=delivered, failed=failed, fatal=fatal, refused=reports.refused)
+    return SentBatch(delivered=delivered, failed=failed, fatal=fatal, refused=reports.refused)
 
 
 def _merged(cursors: list[Cursor]) -> list[Cursor]:

@@ -90,8 +90,13 @@ class DeliveryReport:
     log_duplicates: int = 0
     # DONE outbox events that are nowhere in the log.
     log_missing: int = 0
-    # Records of one key whose sequence number is below one already seen in the partition.
+    # First copies of events whose sequence number is below one already seen for their key in
+    # the partition: an event that reached the log after a later one of its key.
     log_inversions: int = 0
+    # Later copies of events that came after a newer event of their key (a relay sent a batch
+    # again after a crash: 1 2 3 1 2 3 4): allowed, counted. Among the duplicates; a consumer
+    # that drops copies (the inbox) applies 1 2 3 4.
+    log_replays: int = 0
     # Keys found in more than one partition: their order is not kept by Kafka.
     split_keys: int = 0
     # Records without an event id (poison records).
@@ -161,7 +166,8 @@ class DeliveryReport:
     def format(self) -> str:
         lines = [
             f"topic {self.topic}: {self.events} committed events, {self.log_records} records in "
-            f"the log ({self.log_duplicates} duplicates, {self.log_foreign} without event id)",
+            f"the log ({self.log_duplicates} duplicates, of which {self.log_replays} replayed "
+            f"after newer events of their key; {self.log_foreign} without event id)",
             f"  outbox not DONE: {self.stuck_outbox}; DONE but not in the log: {self.log_missing}; "
             f"log order inversions: {self.log_inversions}; keys in several partitions: "
             f"{self.split_keys}",
@@ -221,7 +227,9 @@ def check(
         partitions_of_key[record.key].add(record.partition)
         slot = (record.partition, record.key)
         previous = highest.get(slot)
-        if previous is not None and record.seq < previous:
+        if previous is not None and record.seq < previous and copies[record.event_id] > 1:
+            report.log_replays += 1
+        elif previous is not None and record.seq < previous:
             report.log_inversions += 1
             _note(
                 report.examples,

@@ -1,19 +1,26 @@
 """The scenarios: which processes run, and the fault schedule that strikes while events flow.
 
-Twelve must pass (0 lost, 0 duplicate effects, 0 order inversions, nothing stuck); the
+Fifteen must pass (0 lost, 0 duplicate effects, 0 order inversions, nothing stuck); the
 `broken-*` ones run a deliberately broken consumer or relay and must fail the check, which
 shows the checker can fail."""
 
+import os
 import re
+import subprocess
 import sys
 from datetime import timedelta
 from functools import partial
+from pathlib import Path
 from typing import Any
 
-from outbox.models import OutboxEvent
+import psycopg
+from django.conf import settings
+from django.db import connection
+
+from outbox.models import OutboxDelivery, OutboxEvent
 from outbox.selectors import outbox_events_with_delivery
 from scenarios import faults
-from scenarios.runner import PARTITIONS, Run, Scenario
+from scenarios.runner import PARTITIONS, Managed, Run, Scenario
 
 # Wait after a broker restart, so every round starts from a healthy cluster.
 HEALTHY_WAIT_SECONDS = 120.0
@@ -400,6 +407,177 @@ def _celery_faults(run: Run) -> None:
     _kill_worker(run, 3)
 
 
+# 13-15: the event-log relay ---------------------------------------------------------------
+
+# The long-running transaction stays open this long, and pg_dump runs inside that time.
+SNAPSHOT_HOLD_SECONDS = 40.0
+
+
+def _published_count(run: Run) -> int:
+    """Events of the run the event-log relay has recorded as published."""
+    return OutboxDelivery.objects.filter(
+        outcome=OutboxDelivery.Outcome.PUBLISHED,
+        event_id__in=OutboxEvent.objects.filter(topic=run.topic).values("id"),
+    ).count()
+
+
+def _event_table_updates() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute("SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'outbox_event'")
+        return int(cursor.fetchone()[0])
+
+
+def _session_xmin(pid: int) -> str | None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT backend_xmin::text FROM pg_stat_activity WHERE pid = %s", [pid])
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def _open_snapshot(run: Run, reader: psycopg.Connection) -> dict[str, Any]:
+    reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    reader.execute("SELECT count(*) FROM outbox_event").fetchone()
+    pid = reader.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+    return {"pid": pid, "xmin": _session_xmin(pid), "published": _published_count(run)}
+
+
+def _close_snapshot(run: Run, reader: psycopg.Connection, opened: dict[str, Any]) -> dict:
+    closing = {"xmin": _session_xmin(opened["pid"]), "published": _published_count(run)}
+    reader.execute("ROLLBACK")
+    return closing
+
+
+def _pg_dump() -> int:
+    """Dumps the whole database, as a backup would, and returns the size of the dump."""
+    database = settings.DATABASES["default"]
+    pg_dump = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin")) / "pg_dump"
+    dumped = subprocess.run(
+        [
+            str(pg_dump) if pg_dump.exists() else "pg_dump",
+            "--host",
+            str(database["HOST"]),
+            "--port",
+            str(database["PORT"]),
+            "--username",
+            str(database["USER"]),
+            "--dbname",
+            str(database["NAME"]),
+        ],
+        env={**os.environ, "PGPASSWORD": str(database["PASSWORD"])},
+        capture_output=True,
+        check=True,
+    )
+    return len(dumped.stdout)
+
+
+def _long_snapshot(run: Run) -> None:
+    run.extra["event_updates_before"] = _event_table_updates()
+    database = settings.DATABASES["default"]
+    with psycopg.connect(
+        host=database["HOST"],
+        port=database["PORT"],
+        user=database["USER"],
+        password=database["PASSWORD"],
+        dbname=database["NAME"],
+        autocommit=True,
+    ) as reader:
+        run.sleep(3)
+        opened = run.fault(
+            "REPEATABLE READ transaction opened", partial(_open_snapshot, run, reader)
+        )
+        opened.detail = f"backend {opened.result['pid']}, xmin {opened.result['xmin']}"
+        run.sleep(5)
+        dumped = run.fault("pg_dump of the whole database", _pg_dump)
+        dumped.detail = f"{dumped.result:,} bytes"
+        run.sleep(max(0.0, SNAPSHOT_HOLD_SECONDS - (dumped.ended - opened.started)))
+        closed = run.fault(
+            "REPEATABLE READ transaction closed",
+            partial(_close_snapshot, run, reader, opened.result),
+        )
+        closed.detail = f"xmin {closed.result['xmin']}"
+    run.extra["snapshot"] = {
+        "opened": opened.result,
+        "closed": closed.result,
+        "held_seconds": round(closed.started - opened.ended, 1),
+        "dump_bytes": dumped.result,
+    }
+
+
+def _check_long_snapshot(run: Run) -> None:
+    """The old snapshot really was held (the session kept its xmin throughout), the relay
+    went on publishing under it, and no event row was updated."""
+    snapshot = run.extra["snapshot"]
+    opened, closed = snapshot["opened"], snapshot["closed"]
+    if opened["xmin"] is None or closed["xmin"] != opened["xmin"]:
+        run.extra_problems.append(f"the old snapshot was not held throughout: {snapshot}")
+    published_while_held = closed["published"] - opened["published"]
+    run.extra["published_while_held"] = published_while_held
+    if published_while_held <= 0:
+        run.extra_problems.append("nothing was published while the old snapshot was held")
+    updates = _event_table_updates() - run.extra["event_updates_before"]
+    run.extra["event_updates"] = updates
+    if updates:
+        run.extra_problems.append(f"{updates} updates of outbox_event rows: the log is append-only")
+
+
+def _hot_key_relay_kills(run: Run) -> None:
+    relay = run.processes["relay-1"]
+    for number in range(5):
+        run.sleep(run.random.uniform(4, 7))
+        run.fault(f"SIGKILL relay ({number + 1})", relay.kill)
+
+
+def _shard_owner(run: Run) -> Managed | None:
+    """The relay process that wrote the latest cursor: the owner of the shards (a relay id
+    is host:pid:suffix)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT relay FROM outbox_relay_cursor ORDER BY id DESC LIMIT 1")
+        row = cursor.fetchone()
+    if row is None or row[0].count(":") < 2:
+        return None
+    pid = int(row[0].split(":")[1])
+    for process in run.processes.values():
+        if process.name.startswith("relay-") and process.pids and process.pids[-1] == pid:
+            return process
+    return None
+
+
+def _relay_takeovers(run: Run) -> None:
+    owners: list[str | None] = []
+    run.extra["shard_owners_killed"] = owners
+    for number in range(8):
+        run.sleep(run.random.uniform(3, 5))
+        owner = _shard_owner(run)
+        owners.append(owner.name if owner else None)
+        if owner is None:
+            run.fault(f"no shard owner found ({number + 1})")
+            continue
+        killed = run.fault(f"SIGKILL the shards' owner, {owner.name} ({number + 1})", owner.kill)
+        killed.detail = f"pid {killed.result.pid}" if killed.result else "it had exited"
+
+
+def _check_takeovers(run: Run) -> None:
+    """Every kill struck the relay that owned the shards, and both relays published."""
+    owners = run.extra["shard_owners_killed"]
+    if None in owners:
+        run.extra_problems.append(f"a kill found no shard owner: {owners}")
+    pids = {pid: name for name in ("relay-1", "relay-2") for pid in run.processes[name].pids}
+    relays = (
+        OutboxDelivery.objects.filter(
+            event_id__in=OutboxEvent.objects.filter(topic=run.topic).values("id")
+        )
+        .values_list("relay", flat=True)
+        .distinct()
+    )
+    publishers = {pids.get(int(relay.split(":")[1])) for relay in relays if relay.count(":") >= 2}
+    run.extra["publishing_relays"] = sorted(name for name in publishers if name)
+    if not {"relay-1", "relay-2"} <= publishers:
+        run.extra_problems.append(
+            f"the shards did not change hands: only {sorted(map(str, publishers))} published"
+        )
+
+
 # Broken variants ------------------------------------------------------------------------
 
 
@@ -427,6 +605,25 @@ def _broken_relay(run: Run) -> None:
     run.add(
         "relay-1",
         [sys.executable, "manage.py", "scenario_broken", "relay-done-first", "--slot", run.run_id],
+        first_starts=2,
+        # Records wait in the producer's queue, so the kill before the flush loses them.
+        first_starts_env={"SCENARIO_BROKEN": "1", "OUTBOX_PRODUCER_LINGER_MS": "20000"},
+    )
+    for index in (1, 2):
+        run.add_consumer(index)
+
+
+def _broken_log_relay(run: Run) -> None:
+    run.add(
+        "relay-1",
+        [
+            sys.executable,
+            "manage.py",
+            "scenario_broken",
+            "log-relay-cursor-first",
+            "--slot",
+            run.run_id,
+        ],
         first_starts=2,
         # Records wait in the producer's queue, so the kill before the flush loses them.
         first_starts_env={"SCENARIO_BROKEN": "1", "OUTBOX_PRODUCER_LINGER_MS": "20000"},
@@ -551,6 +748,39 @@ SCENARIOS: dict[str, Scenario] = {
             planned_faults=5,
         ),
         Scenario(
+            "long-snapshot",
+            "Event-log relay under a held REPEATABLE READ snapshot and a pg_dump",
+            False,
+            _standard,
+            _long_snapshot,
+            production_seconds=50,
+            planned_faults=3,
+            after=_check_long_snapshot,
+            log_relay=True,
+        ),
+        Scenario(
+            "hot-keys",
+            "Event-log relay, every event on 4 keys, SIGKILLed 5 times",
+            False,
+            _standard,
+            _hot_key_relay_kills,
+            production_seconds=40,
+            planned_faults=5,
+            log_relay=True,
+            keys=4,
+        ),
+        Scenario(
+            "relay-takeover",
+            "Two event-log relays, the shards' owner SIGKILLed 8 times",
+            True,
+            lambda run: _standard(run, relays=2),
+            _relay_takeovers,
+            production_seconds=45,
+            planned_faults=8,
+            after=_check_takeovers,
+            log_relay=True,
+        ),
+        Scenario(
             "broken-consumer-commit-first",
             "BROKEN consumer: offsets committed before the database transaction",
             False,
@@ -569,6 +799,17 @@ SCENARIOS: dict[str, Scenario] = {
             production_seconds=5,
             expect_fail=True,
             stall_seconds=20,
+        ),
+        Scenario(
+            "broken-log-relay-cursor-first",
+            "BROKEN event-log relay: cursor moved before the delivery report",
+            False,
+            _broken_log_relay,
+            _no_faults,
+            production_seconds=5,
+            expect_fail=True,
+            stall_seconds=20,
+            log_relay=True,
         ),
         Scenario(
             "broken-no-dedup",

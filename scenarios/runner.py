@@ -382,6 +382,8 @@ class Run:
         }
         for name in ("OUTBOX_FAULT_INJECTION", "INBOX_FAULT_INJECT", "TEST_DATABASE_NAME"):
             env.pop(name, None)
+        if self.scenario.log_relay:
+            env["OUTBOX_RELAY_LOG"] = "true"
         env.update(extra)
         return env
 
@@ -905,6 +907,10 @@ class Scenario:
     after: Callable[[Run], None] = lambda run: None
     # Delivery is given up as incomplete when nothing moved for this long.
     stall_seconds: float = 150.0
+    # Runs the event-log relay (OUTBOX_RELAY_LOG=true in every process it starts).
+    log_relay: bool = False
+    # The events' keys, when the scenario is about them (0: the runner's --keys).
+    keys: int = 0
 
     def full_events(self) -> int:
         return 20_000 if self.heavy else 100_000
@@ -926,4 +932,4 @@ def prepare_database() -> None:
 def run_scenario(
     scenario: Scenario, *, events: int, keys: int = DEFAULT_KEYS, seed: int | None = None
 ) -> ScenarioResult:
-    return Run(scenario, events=events, keys=keys, seed=seed).execute()
+    return Run(scenario, events=events, keys=scenario.keys or keys, seed=seed).execute()

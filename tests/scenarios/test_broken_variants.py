@@ -45,3 +45,14 @@ def test_a_consumer_without_deduplication_applies_redelivered_events_twice(scena
     assert not result["passed"]
     assert result["duplicate_effects"] > 0, output
     assert result["lost"] == 0
+
+
+def test_an_event_log_cursor_moved_before_the_delivery_report_loses_events(scenario_run):
+    # The event-log relay records its batch as delivered and moves its cursor, then dies
+    # before the records leave its queue.
+    code, output, result = scenario_run("broken-log-relay-cursor-first", events=3000)
+    assert code == 0, output
+    assert not result["passed"]
+    assert result["lost"] > 0, output
+    assert result["report"]["log_missing"] == result["lost"]
+    assert result["stuck"] == 0  # recorded as published: nothing looks stuck

@@ -172,3 +172,37 @@ def test_celery_worker_killed_and_redis_restarted(scenario_run):
         assert killed["spared"] == [], killed
         assert killed["survivors"] == [], killed
     _faults_struck_while_events_flowed(result)
+
+
+def test_event_log_relay_under_a_held_snapshot_and_a_pg_dump(scenario_run):
+    code, output, result = scenario_run("long-snapshot")
+    assert code == 0, output
+    _passes(result, output)
+    extra = result["extra"]
+    # The transaction held its snapshot (its xmin) from open to close, and pg_dump ran then.
+    assert extra["snapshot"]["opened"]["xmin"] is not None
+    assert extra["snapshot"]["closed"]["xmin"] == extra["snapshot"]["opened"]["xmin"]
+    assert extra["snapshot"]["dump_bytes"] > 0
+    assert extra["published_while_held"] > 0
+    assert extra["event_updates"] == 0
+    _faults_struck_while_events_flowed(result)
+
+
+def test_event_log_relay_on_four_hot_keys_killed_5_times(scenario_run):
+    code, output, result = scenario_run("hot-keys")
+    assert code == 0, output
+    _passes(result, output)
+    assert result["keys"] == 4
+    assert result["extra"]["kills"].get("relay-1", 0) == 5
+    _faults_struck_while_events_flowed(result)
+
+
+def test_event_log_relays_take_over_from_a_killed_shard_owner(scenario_run):
+    code, output, result = scenario_run("relay-takeover")
+    assert code == 0, output
+    _passes(result, output)
+    extra = result["extra"]
+    assert None not in extra["shard_owners_killed"], extra["shard_owners_killed"]
+    assert sum(extra["kills"].values()) == 8
+    assert extra["publishing_relays"] == ["relay-1", "relay-2"]
+    _faults_struck_while_events_flowed(result)

@@ -4,6 +4,7 @@ in production), and is active only with SCENARIO_BROKEN=1; otherwise the real co
 
 import os
 import signal
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,9 +14,13 @@ from django.db import transaction
 
 from inbox.consumer import InboxConsumer
 from inbox.services.recording import BatchResult
-from outbox.producer import RelayProducer
+from outbox import log_relay
+from outbox.log_relay import LogRelay, SentBatch
+from outbox.models import OutboxDelivery
+from outbox.producer import RelayProducer, get_producer
 from outbox.relay import DeliveryReports, Relay, produce_all
 from outbox.services.claims import ClaimedEvent, Delivery, outbox_events_mark_published
+from outbox.services.event_log import DeliveryRecord, LogEvent
 
 BROKEN_VARIABLE = "SCENARIO_BROKEN"
 
@@ -55,11 +60,45 @@ def break_relay() -> None:
     Relay._publish = broken  # type: ignore[method-assign]
 
 
+def break_log_relay() -> None:
+    """The event-log relay's cursor moved and its deliveries recorded when the records are
+    handed to the producer, before any delivery report; the relay then dies before its flush,
+    and the queued records die with it."""
+
+    def broken_send(self: LogRelay, events: Sequence[LogEvent]) -> SentBatch:
+        producer = get_producer()
+        produce_all(producer, events, DeliveryReports())
+        now = datetime.now(UTC)
+        delivered = [
+            DeliveryRecord(
+                event_id=event.id,
+                outcome=OutboxDelivery.Outcome.PUBLISHED,
+                published_at=now,
+                partition=0,
+                offset=-1,
+            )
+            for event in events
+        ]
+        return SentBatch(delivered=delivered, failed=[], fatal=False)
+
+    correct_record = log_relay.batch_record
+
+    def record_then_die(**arguments: Any) -> None:
+        correct_record(**arguments)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    LogRelay._send = broken_send  # type: ignore[method-assign]
+    log_relay.batch_record = record_then_die
+
+
 class Command(BaseCommand):
     help = "Runs inbox_consume or outbox_relay, broken on purpose when SCENARIO_BROKEN=1."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("variant", choices=["consumer-commit-first", "relay-done-first"])
+        parser.add_argument(
+            "variant",
+            choices=["consumer-commit-first", "relay-done-first", "log-relay-cursor-first"],
+        )
         parser.add_argument("--group")
         parser.add_argument("--slot", default="broken")
 
@@ -70,6 +109,8 @@ class Command(BaseCommand):
                 break_consumer()
             call_command("inbox_consume", group=options["group"])
         else:
-            if active:
+            if active and options["variant"] == "log-relay-cursor-first":
+                break_log_relay()
+            elif active:
                 break_relay()
             call_command("outbox_relay", slot=options["slot"], poll_seconds=0.2)
