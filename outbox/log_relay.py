@@ -2,17 +2,19 @@
 each outcome as an appended row. It never updates, locks or deletes an event row, so neither
 a long-running transaction elsewhere in the database nor the number of keys changes its pace.
 
-A relay owns shards (by PostgreSQL advisory locks held by its database session) and keeps one
-cursor per group of shards at the same place. For each group it reads the next events up to
-the batch size, produces them all, waits for their delivery reports, then writes in one
-transaction the delivery records and the cursor's new place. A crash between the two sends
-the batch again (at least once; the inbox drops the copies); nothing is skipped.
+A relay owns its share of the shards (by PostgreSQL advisory locks held by its database
+session) and keeps one cursor per group of shards at the same place. For each group it reads
+the next events up to the batch size, produces them all, waits for their delivery reports,
+then writes in one transaction the delivery records and the cursor's new place. A crash
+between the two sends the batch again (at least once; the inbox drops the copies); nothing is
+skipped.
 
 An event that fails holds its key: the events of that key behind it are recorded as held, not
 sent, while the other keys go on. The held head is tried again with backoff and, once it goes,
 the rest of its key follows in order."""
 
 import logging
+import math
 import time
 import uuid
 from collections import Counter
@@ -35,6 +37,7 @@ from outbox.relay import (
 )
 from outbox.services.event_log import (
     ALL_SHARDS,
+    SHARD_COUNT,
     Cursor,
     DeliveryRecord,
     LogEvent,
@@ -50,6 +53,9 @@ from outbox.services.event_log import (
     held_keys_read,
     held_orphans_drop,
     held_release,
+    relay_join,
+    relay_leave,
+    relays_running,
     shards_lock,
     shards_unlock,
     tick_latest_after,
@@ -99,8 +105,8 @@ class SentBatch:
 
 
 class LogRelay:
-    """Publishes the event log. Relays started side by side share the shards between them:
-    each owns those no other holds, and takes over a dead relay's when its session ends."""
+    """Publishes the event log. Relays running side by side share the shards between them,
+    and take over a dead relay's when its session ends."""
 
     def __init__(
         self,
@@ -141,22 +147,35 @@ class LogRelay:
 
     def close(self) -> None:
         """Gives up the shards, for another relay to take at once."""
-        if self.owned and self.owner_pid == backend_pid():
+        if self.owner_pid is not None and self.owner_pid == backend_pid():
             shards_unlock(shards=self.owned)
+            relay_leave(relay_id=self.relay_id)
         self.owned, self.owner_pid, self.cursors = (), None, []
 
     def _own_shards(self) -> None:
+        """Owns this relay's share of the shards: all of them divided by the relays running,
+        rounded up. A relay that owns more gives the rest back between two batches (its
+        recorded cursors are where the next owner starts); one that owns less takes free ones."""
         pid = backend_pid()
         if pid != self.owner_pid:
             # A new database session: the locks of the old one went with it.
             self.owned, self.owner_pid = (), pid
-        missing = [shard for shard in self.wanted if shard not in self.owned]
-        if missing:
-            taken = shards_lock(shards=missing)
-            if taken:
-                self.owned = tuple(sorted(self.owned + tuple(taken)))
-                logger.info("Outbox relay %s owns shards %s", self.relay_id, list(self.owned))
-            self.cursors = cursors_read(shards=self.owned) if self.owned else []
+            relay_join(relay_id=self.relay_id)
+        share = min(len(self.wanted), math.ceil(SHARD_COUNT / max(1, relays_running())))
+        if len(self.owned) > share:
+            given_back = self.owned[share:]
+            shards_unlock(shards=given_back)
+            self.owned = self.owned[:share]
+        elif len(self.owned) < share:
+            missing = [shard for shard in self.wanted if shard not in self.owned]
+            taken = shards_lock(shards=missing, limit=share - len(self.owned))
+            if not taken:
+                return
+            self.owned = tuple(sorted(self.owned + tuple(taken)))
+        else:
+            return
+        logger.info("Outbox relay %s owns shards %s", self.relay_id, list(self.owned))
+        self.cursors = cursors_read(shards=self.owned) if self.owned else []
 
     def _step(self) -> tuple[LogRunResult, bool]:
         """One batch for each cursor, after the held keys that are due; returns what happened

@@ -80,15 +80,48 @@ def shard_of(key: str) -> int:
         return int(cursor.fetchone()[0])
 
 
-def shards_lock(*, shards: Sequence[int]) -> list[int]:
-    """Takes the shards no other relay owns, for as long as this database session lasts."""
+# The first key of the advisory lock each running relay holds while it runs: the relays count
+# each other by these locks, to share the shards.
+RELAY_LOCK_CLASS = SHARD_LOCK_CLASS + 1
+
+
+def shards_lock(*, shards: Sequence[int], limit: int | None = None) -> list[int]:
+    """Takes up to `limit` of the shards no other relay owns, in order, for as long as this
+    database session lasts."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT shard FROM unnest(%s::int[]) AS shard "
-            "WHERE pg_try_advisory_lock(%s, shard) ORDER BY shard",
-            [list(shards), SHARD_LOCK_CLASS],
+            "SELECT shard FROM unnest(%s::int[]) WITH ORDINALITY AS wanted(shard, place) "
+            "WHERE pg_try_advisory_lock(%s, shard) ORDER BY place LIMIT %s",
+            [list(shards), SHARD_LOCK_CLASS, limit],
         )
         return [row[0] for row in cursor.fetchall()]
+
+
+def relay_join(*, relay_id: str) -> None:
+    """Counts this session as a running relay (relays_running) until it leaves or ends."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_try_advisory_lock(%s, hashtext(%s))", [RELAY_LOCK_CLASS, relay_id]
+        )
+
+
+def relay_leave(*, relay_id: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", [RELAY_LOCK_CLASS, relay_id])
+
+
+def relays_running() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT count(*) FROM pg_locks
+            WHERE locktype = 'advisory' AND classid = %s::bigint::oid AND objsubid = 2
+              AND granted AND database = (SELECT oid FROM pg_database
+                                          WHERE datname = current_database())
+            """,
+            [RELAY_LOCK_CLASS],
+        )
+        return int(cursor.fetchone()[0])
 
 
 def shards_unlock(*, shards: Sequence[int]) -> None:

@@ -530,3 +530,49 @@ def test_a_held_key_whose_events_were_deleted_is_let_go(kafka_topic, log_relay, 
     assert relay.run().failed == 0
 
     assert not OutboxHeldEvent.objects.exists()
+
+
+def test_running_relays_split_the_shards_between_them(
+    kafka_topic, kafka_consumer_config, log_relay
+):
+    topic = kafka_topic(partitions=3)
+    first, second = log_relay(), log_relay()
+    assert first.run().published == 0
+    assert first.owned == ALL_SHARDS  # alone, it owns every shard
+    second_joined, first_gave_back, checked = (
+        threading.Event(),
+        threading.Event(),
+        threading.Event(),
+    )
+    seen: dict[str, object] = {}
+
+    def second_relay() -> None:
+        try:
+            seen["before"] = (second.run().published, second.owned)
+            second_joined.set()
+            first_gave_back.wait(60)
+            seen["after"] = (second.run().published, second.owned)
+            checked.set()
+        finally:
+            second.close()
+            connections.close_all()
+
+    thread = threading.Thread(target=second_relay)
+    thread.start()
+    second_joined.wait(60)
+    events = publish_events(topic, 200, keys=40)
+    # Two relays run: the first keeps half the shards and gives the others back.
+    sent_by_first = first.run().published
+    first_gave_back.set()
+    checked.wait(60)
+    thread.join(60)
+
+    half = SHARD_COUNT // 2
+    assert seen["before"] == (0, ())
+    assert first.owned == tuple(range(half))
+    sent_by_second, owned_by_second = seen["after"]
+    assert owned_by_second == tuple(range(half, SHARD_COUNT))
+    assert sent_by_first == sum(1 for e in events if shard_of(e.key) < half)
+    assert sent_by_first + sent_by_second == 200
+    messages = consume_all(kafka_consumer_config, topic, expected=200)
+    assert Counter(headers_of(m)["event_id"] for m in messages) == {str(e.id): 1 for e in events}
