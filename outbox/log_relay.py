@@ -337,10 +337,10 @@ class LogRelay:
                 # Its events were deleted (by hand, or with a test database): nothing to wait for.
                 held_orphans_drop(topic=topic, key=key)
                 continue
-            head = events[0][0]
+            head = events[0]
             # The head alone first: were it sent with the rest, a refused head could let its
             # followers overtake it.
-            for group in ([head], [event for event, _ in events[1:]]):
+            for group in ([head], events[1:]):
                 if not group:
                     continue
                 sent = self._send(group)

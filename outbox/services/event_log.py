@@ -24,6 +24,9 @@ SHARD_COUNT = 16
 ALL_SHARDS = tuple(range(SHARD_COUNT))
 # The first key of the two-key advisory locks by which a relay owns its shards.
 SHARD_LOCK_CLASS = 0x6F62_7478
+# The first key of the advisory lock each running relay holds while it runs: the relays count
+# each other by these locks, to share the shards.
+RELAY_LOCK_CLASS = SHARD_LOCK_CLASS + 1
 SHARD_SQL = f"mod(hashtext({{key}}) & 2147483647, {SHARD_COUNT})"
 
 
@@ -78,11 +81,6 @@ def shard_of(key: str) -> int:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {SHARD_SQL.format(key='%s')}", [key])
         return int(cursor.fetchone()[0])
-
-
-# The first key of the advisory lock each running relay holds while it runs: the relays count
-# each other by these locks, to share the shards.
-RELAY_LOCK_CLASS = SHARD_LOCK_CLASS + 1
 
 
 def shards_lock(*, shards: Sequence[int], limit: int | None = None) -> list[int]:
@@ -394,14 +392,14 @@ def held_heads_due(*, shards: Sequence[int], limit: int) -> list[tuple[str, str]
         return [(topic, key) for topic, key in db.fetchall()]
 
 
-def held_events_read(*, topic: str, key: str, limit: int) -> list[tuple[LogEvent, int]]:
-    """The held events of one key in order, each with its attempts so far."""
+def held_events_read(*, topic: str, key: str, limit: int) -> list[LogEvent]:
+    """The held events of one key, in order."""
     with connection.cursor() as db:
         db.execute(
             """
             SELECT event.id, event.aggregatetype, event.aggregateid, event.type,
                    event.payload::text, event.headers, event.topic, event.key, event.created_at,
-                   held.transaction_id::text, held.position, held.shard, held.attempts
+                   held.transaction_id::text, held.position, held.shard
             FROM outbox_held_event AS held
             JOIN outbox_event AS event ON event.id = held.event_id
             WHERE held.topic = %s AND held.key = %s
@@ -410,7 +408,7 @@ def held_events_read(*, topic: str, key: str, limit: int) -> list[tuple[LogEvent
             """,
             [topic, key, limit],
         )
-        return [(_log_event(row[:12]), row[12]) for row in db.fetchall()]
+        return [_log_event(row) for row in db.fetchall()]
 
 
 def held_orphans_drop(*, topic: str, key: str) -> None:
