@@ -42,7 +42,8 @@ bench-analytics: venv services-up spark-jars
 # One inbox consumer process: 100k events of 1 KB on 6 partitions, rates on new events, on
 # duplicates and of a naive per-message-commit consumer. BENCH_INBOX_ARGS="--events 20000".
 # Outbox: raw SQL drain, raw producer, relay (plain and transactional), publish lag under
-# load; in the database <dev db>_bench, recreated each run.
+# load; in the database <dev db>_bench, recreated each run. BENCH_OUTBOX_ARGS=--compare-relays:
+# the claim and event-log relays side by side (key skew, a held snapshot, WAL per event).
 .PHONY: bench-outbox
 bench-outbox: venv services-up
 	$(BIN)/python benchmarks/outbox_bench.py $(BENCH_OUTBOX_ARGS)

@@ -34,6 +34,7 @@ import outbox
 from inbox.models import InboxMessage
 from outbox.models import OutboxEvent, OutboxHeldEvent
 from outbox.selectors import outbox_events_with_delivery
+from outbox.services.event_log import event_log_take_over
 from scenarios import faults, ports
 from scenarios.checker import DeliveryReport, delivery_check
 from scenarios.conf import AGGREGATE_TYPE, EVENT_TYPE, GROUP_VARIABLE, RUN_VARIABLE, TOPIC_VARIABLE
@@ -338,6 +339,8 @@ class Run:
 
     def __init__(self, scenario: "Scenario", *, events: int, keys: int, seed: int | None) -> None:
         self.scenario = scenario
+        # The scenario's own choice, or scenario_run --log-relay's for every scenario.
+        self.log_relay = scenario.log_relay or os.environ.get("OUTBOX_RELAY_LOG") == "true"
         self.events = events
         self.keys = keys
         self.random = random.Random(seed)
@@ -382,7 +385,7 @@ class Run:
         }
         for name in ("OUTBOX_FAULT_INJECTION", "INBOX_FAULT_INJECT", "TEST_DATABASE_NAME"):
             env.pop(name, None)
-        if self.scenario.log_relay:
+        if self.log_relay:
             env["OUTBOX_RELAY_LOG"] = "true"
         env.update(extra)
         return env
@@ -727,6 +730,11 @@ class Run:
             daemon=True,
         )
         complete = False
+        if self.log_relay:
+            # The relays of earlier runs have stopped; the event-log relay starts from now, as
+            # outbox_log_take_over starts it in a deployment. Without it, it would send again
+            # the events a claim relay delivered since migration 0009.
+            event_log_take_over()
         try:
             scenario.start(self)
             supervisor.start()
