@@ -46,6 +46,7 @@ from outbox.services.event_log import (
     backend_pid,
     batch_read,
     batch_record,
+    cursors_grouped,
     cursors_read,
     held_events_read,
     held_head_failed,
@@ -191,7 +192,7 @@ class LogRelay:
             moved, sent_any = self._advance(cursor, held_keys, result)
             progressed = progressed or sent_any
             cursors.append(moved)
-        self.cursors = _merged(cursors)
+        self.cursors = cursors_grouped(cursors)
         return result, progressed
 
     def _tick(self, tick_id: int) -> Tick:
@@ -406,23 +407,3 @@ def _sent_from(reports: DeliveryReports, events: Sequence[LogEvent], *, fatal: b
         if event.id not in reports.deliveries and event.id not in reports.skipped
     ]
     return SentBatch(delivered=delivered, failed=failed, fatal=fatal, refused=reports.refused)
-
-
-def _merged(cursors: list[Cursor]) -> list[Cursor]:
-    """Groups whose cursors reached the same place go on as one."""
-    places: dict[tuple[int, int | None, int, int], list[int]] = {}
-    for cursor in cursors:
-        place = (cursor.tick_id, cursor.until_tick_id, cursor.txid, cursor.position)
-        places.setdefault(place, []).extend(cursor.shards)
-    if len(places) == len(cursors):
-        return cursors
-    return [
-        Cursor(
-            shards=tuple(sorted(shards)),
-            tick_id=tick_id,
-            until_tick_id=until_tick_id,
-            txid=txid,
-            position=position,
-        )
-        for (tick_id, until_tick_id, txid, position), shards in places.items()
-    ]

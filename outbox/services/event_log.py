@@ -10,7 +10,7 @@ row or key pattern slows down. A cursor says how far each shard went, as an appe
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -152,18 +152,33 @@ def cursors_read(*, shards: Sequence[int]) -> list[Cursor]:
             [list(shards)],
         )
         rows = cursor.fetchall()
-    groups: dict[tuple[int, int | None, int, int], list[int]] = {}
-    for shard, tick_id, until_tick_id, txid, position in rows:
-        groups.setdefault((tick_id, until_tick_id, int(txid), position), []).append(shard)
+    return cursors_grouped(
+        Cursor(
+            shards=(shard,),
+            tick_id=tick_id,
+            until_tick_id=until_tick_id,
+            txid=int(txid),
+            position=position,
+        )
+        for shard, tick_id, until_tick_id, txid, position in rows
+    )
+
+
+def cursors_grouped(cursors: Iterable[Cursor]) -> list[Cursor]:
+    """One cursor for all the shards whose cursors are at the same place."""
+    places: dict[tuple[int, int | None, int, int], list[int]] = {}
+    for cursor in cursors:
+        place = (cursor.tick_id, cursor.until_tick_id, cursor.txid, cursor.position)
+        places.setdefault(place, []).extend(cursor.shards)
     return [
         Cursor(
-            shards=tuple(sorted(members)),
+            shards=tuple(sorted(shards)),
             tick_id=tick_id,
             until_tick_id=until_tick_id,
             txid=txid,
             position=position,
         )
-        for (tick_id, until_tick_id, txid, position), members in groups.items()
+        for (tick_id, until_tick_id, txid, position), shards in places.items()
     ]
 
 
