@@ -331,7 +331,13 @@ class LogRelay:
     def _retry_held(self, result: LogRunResult) -> bool:
         """Tries the head of each held key that is due; once a head goes, the rest of its key
         follows in order until the next failure. Returns whether anything was tried."""
-        due = held_heads_due(shards=self.owned, limit=HELD_KEYS_PER_STEP)
+        if not self.cursors:
+            return False
+        due = held_heads_due(
+            shards=self.owned,
+            done_tick_id=min(cursor.tick_id for cursor in self.cursors),
+            limit=HELD_KEYS_PER_STEP,
+        )
         for topic, key in due:
             events = held_events_read(topic=topic, key=key, limit=self.batch_size)
             if not events:

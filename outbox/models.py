@@ -97,7 +97,7 @@ class OutboxEvent(models.Model):
         )
 
     def __str__(self) -> str:
-        return f"{self.event_type} {self.id} ({self.status})"
+        return f"{self.event_type} {self.id}"
 
 
 class OutboxDelivery(models.Model):
@@ -111,11 +111,15 @@ class OutboxDelivery(models.Model):
         PUBLISHED = "PUBLISHED", "Published"
         # The broker refused the record or did not confirm it in time; the key is held.
         FAILED = "FAILED", "Failed"
+        # An operator gave up on the event: its key's later events flow on. A replay sends it
+        # again.
+        DISCARDED = "DISCARDED", "Discarded"
 
     id = models.BigAutoField(primary_key=True)
     event_id = models.UUIDField()
     outcome = models.CharField(max_length=9, choices=Outcome.choices)
-    # When the broker confirmed the record (or, for a failure, when the report came).
+    # When the broker confirmed the record (for a failure, when the report came; for a
+    # discard, when the operator gave up).
     published_at = models.DateTimeField()
     kafka_partition = models.IntegerField(null=True, blank=True)
     kafka_offset = models.BigIntegerField(null=True, blank=True)

@@ -1,12 +1,26 @@
 """Reads of the outbox for the console, the API and the metrics."""
 
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, TypedDict
 
 from django.db import connection
-from django.db.models import Case, CharField, Exists, Min, OuterRef, QuerySet, Subquery, Value, When
-from django.db.models.functions import Coalesce
+from django.db.models import (
+    Case,
+    CharField,
+    Count,
+    Exists,
+    F,
+    Min,
+    OuterRef,
+    QuerySet,
+    Subquery,
+    TextField,
+    Value,
+    When,
+)
+from django.db.models.functions import Coalesce, Greatest, NullIf
 from django.utils import timezone
 
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
@@ -81,38 +95,77 @@ def outbox_oldest_pending_age_seconds() -> float | None:
 
 class DeliveryAnnotations(TypedDict):
     delivery_status: str
+    delivery_discarded_at: datetime | None
+    delivery_attempts: int
+    delivery_error: str
     delivered_at: datetime | None
     delivered_partition: int | None
     delivered_offset: int | None
 
 
+if TYPE_CHECKING:
+    DeliveredEvent = WithAnnotations[OutboxEvent, DeliveryAnnotations]
+
+
 def outbox_events_with_delivery(
     queryset: QuerySet[OutboxEvent],
-) -> "QuerySet[WithAnnotations[OutboxEvent, DeliveryAnnotations]]":
+) -> "QuerySet[DeliveredEvent]":
     """The events of `queryset` with their delivery as users see it, whichever relay sent
-    them: `delivery_status` (PENDING, DONE or FAILED) and `delivered_at`, `delivered_partition`,
-    `delivered_offset`. The claim relay writes these on the event row; the event-log relay
-    appends a delivery record and, for a key it holds, a held event whose attempts are spent
-    once it is FAILED."""
-    published = OutboxDelivery.objects.filter(
-        event_id=OuterRef("pk"), outcome=OutboxDelivery.Outcome.PUBLISHED
-    ).order_by("id")
-    spent = OutboxHeldEvent.objects.filter(
-        event_id=OuterRef("pk"), next_attempt_at__isnull=True, attempts__gt=0
-    )
+    them: `delivery_status` (PENDING, DONE or FAILED), `delivery_discarded_at`,
+    `delivery_attempts` (tries that ended in a delivery report), `delivery_error` (the last
+    one's), and where the latest publication went: `delivered_at`, `delivered_partition`,
+    `delivered_offset`.
+
+    The claim relay writes its outcome on the event row. The event-log relay never touches
+    the row: a held event is PENDING, or FAILED once its attempts are spent; otherwise the
+    latest PUBLISHED or DISCARDED delivery record decides (a replay holds the event again, and
+    its new record supersedes the earlier one)."""
+    outcome = OutboxDelivery.Outcome
     status = OutboxEvent.Status
-    return queryset.annotate(
+    records = OutboxDelivery.objects.filter(event_id=OuterRef("pk"))
+    published = records.filter(outcome=outcome.PUBLISHED).order_by("-id")
+    final = records.filter(outcome__in=(outcome.PUBLISHED, outcome.DISCARDED)).order_by("-id")
+    held = OutboxHeldEvent.objects.filter(event_id=OuterRef("pk"))
+    tries = (
+        records.filter(outcome__in=(outcome.PUBLISHED, outcome.FAILED))
+        .order_by()
+        .values("event_id")
+        .annotate(count=Count("id"))
+        .values("count")
+    )
+    return queryset.alias(
+        held=Exists(held),
+        held_spent=Exists(held.filter(next_attempt_at__isnull=True, attempts__gt=0)),
+        final_outcome=Subquery(final.values("outcome")[:1]),
+    ).annotate(
         delivery_status=Case(
-            When(status=status.DONE, then=Value(status.DONE)),
-            When(Exists(published), then=Value(status.DONE)),
-            When(status=status.FAILED, then=Value(status.FAILED)),
-            When(Exists(spent), then=Value(status.FAILED)),
-            default=Value(status.PENDING),
+            When(held_spent=True, then=Value(status.FAILED)),
+            When(held=True, then=Value(status.PENDING)),
+            When(final_outcome=outcome.PUBLISHED, then=Value(status.DONE)),
+            When(final_outcome=outcome.DISCARDED, then=Value(status.FAILED)),
+            default=F("status"),
             output_field=CharField(),
         ),
-        delivered_at=Coalesce("published_at", Subquery(published.values("published_at")[:1])),
-        delivered_partition=Coalesce(
-            "kafka_partition", Subquery(published.values("kafka_partition")[:1])
+        delivery_discarded_at=Case(
+            When(held=True, then=None),
+            When(final_outcome=outcome.DISCARDED, then=Subquery(final.values("published_at")[:1])),
+            default=F("discarded_at"),
         ),
-        delivered_offset=Coalesce("kafka_offset", Subquery(published.values("kafka_offset")[:1])),
+        delivery_attempts=Greatest(F("attempts"), Coalesce(Subquery(tries), 0)),
+        delivery_error=Coalesce(
+            NullIf(Subquery(held.values("last_error")[:1]), Value("")),
+            Subquery(records.filter(outcome=outcome.FAILED).order_by("-id").values("error")[:1]),
+            F("last_error"),
+            output_field=TextField(),
+        ),
+        delivered_at=Coalesce(Subquery(published.values("published_at")[:1]), "published_at"),
+        delivered_partition=Coalesce(
+            Subquery(published.values("kafka_partition")[:1]), "kafka_partition"
+        ),
+        delivered_offset=Coalesce(Subquery(published.values("kafka_offset")[:1]), "kafka_offset"),
     )
+
+
+def outbox_event_delivered(*, event_id: uuid.UUID | str) -> "DeliveredEvent":
+    """One event with its delivery as users see it (outbox_events_with_delivery)."""
+    return outbox_events_with_delivery(OutboxEvent.objects.filter(pk=event_id)).get()

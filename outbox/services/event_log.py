@@ -16,7 +16,7 @@ from datetime import datetime
 
 from django.db import connection, transaction
 
-from outbox.models import OutboxDelivery
+from outbox.models import POSITION_SEQUENCE, OutboxDelivery
 
 # A key belongs to shard (hashtext(key) & 2147483647) % SHARD_COUNT for good: the migration
 # that created the cursors wrote this number into them.
@@ -385,24 +385,35 @@ def held_keys_read(*, shards: Sequence[int]) -> set[tuple[str, str]]:
         return {(topic, key) for topic, key in db.fetchall()}
 
 
-def held_heads_due(*, shards: Sequence[int], limit: int) -> list[tuple[str, str]]:
-    """The held keys whose head's retry has come due, oldest first."""
+def held_heads_due(
+    *, shards: Sequence[int], done_tick_id: int, limit: int
+) -> list[tuple[str, str]]:
+    """The held keys whose head's retry has come due, oldest first.
+
+    A head that never failed (queued behind one that has gone, or replayed by an operator)
+    goes once the relay has read every event committed before it, those visible at tick
+    `done_tick_id`: an event of its key committed earlier, not yet read, is held in front of
+    it when read."""
     with connection.cursor() as db:
         db.execute(
             """
             SELECT head.topic, head.key FROM (
-                SELECT DISTINCT ON (topic, key) topic, key, next_attempt_at, attempts
-                FROM outbox_held_event WHERE shard = ANY(%s)
+                SELECT DISTINCT ON (topic, key) topic, key, next_attempt_at, attempts,
+                       transaction_id
+                FROM outbox_held_event WHERE shard = ANY(%(shards)s)
                 ORDER BY topic, key, transaction_id, position
-            ) AS head
-            -- A head that never failed (it was queued behind one that has gone) is due now;
-            -- one whose attempts are spent waits for an operator.
-            WHERE head.next_attempt_at <= now()
-               OR (head.next_attempt_at IS NULL AND head.attempts = 0)
+            ) AS head, outbox_tick AS done
+            WHERE done.id = %(done_tick_id)s
+              AND (head.next_attempt_at <= now()
+                   -- One whose attempts are spent waits for an operator.
+                   OR (head.next_attempt_at IS NULL AND head.attempts = 0))
+              AND (head.attempts > 0
+                   OR head.transaction_id < pg_snapshot_xmin(done.snapshot)::text::bigint
+                   OR pg_visible_in_snapshot(head.transaction_id::text::xid8, done.snapshot))
             ORDER BY head.next_attempt_at NULLS FIRST
-            LIMIT %s
+            LIMIT %(limit)s
             """,
-            [list(shards), limit],
+            {"shards": list(shards), "done_tick_id": done_tick_id, "limit": limit},
         )
         return [(topic, key) for topic, key in db.fetchall()]
 
@@ -481,6 +492,91 @@ def held_head_failed(
                     "event_id": record.event_id,
                 },
             )
+
+
+# --- operators' repairs of held events --------------------------------------------------------
+# A head whose attempts are spent is never sent by a relay, so discarding it cannot race with a
+# send; a retry only makes a head due, and the relay that sends it records the outcome.
+
+OPERATOR_RELAY = "operator"
+
+
+def held_events_retry(*, event_ids: Sequence[uuid.UUID | str]) -> int:
+    """Sends the failed held events named (a head waiting for its backoff, or one whose
+    attempts are spent) again now, with a fresh set of attempts. Returns how many changed."""
+    with connection.cursor() as db:
+        db.execute(
+            """
+            UPDATE outbox_held_event SET attempts = 0, next_attempt_at = now()
+            WHERE event_id = ANY(%s::uuid[]) AND attempts > 0
+            """,
+            [list(event_ids)],
+        )
+        return db.rowcount
+
+
+def held_events_discard(*, event_ids: Sequence[uuid.UUID | str]) -> int:
+    """Gives up on the held events named whose attempts are spent: each gets a DISCARDED
+    delivery record and leaves the held set, and its key's next event becomes the head, due
+    now. Returns how many were discarded."""
+    with connection.cursor() as db:
+        db.execute(
+            """
+            WITH discarded AS (
+                DELETE FROM outbox_held_event
+                WHERE event_id = ANY(%s::uuid[])
+                  AND attempts > 0 AND next_attempt_at IS NULL
+                RETURNING event_id
+            )
+            INSERT INTO outbox_delivery (event_id, outcome, published_at, error, relay)
+            SELECT event_id, 'DISCARDED', now(), '', %s FROM discarded
+            """,
+            [list(event_ids), OPERATOR_RELAY],
+        )
+        return db.rowcount
+
+
+def held_key_release(*, topic: str, key: str) -> int:
+    """Lets a held key flow again: discards its events whose attempts are spent and makes a
+    head waiting for its backoff due now. Returns how many events it changed."""
+    with transaction.atomic(), connection.cursor() as db:
+        db.execute(
+            """
+            SELECT event_id FROM outbox_held_event
+            WHERE topic = %s AND key = %s AND attempts > 0 AND next_attempt_at IS NULL
+            FOR UPDATE
+            """,
+            [topic, key],
+        )
+        discarded = held_events_discard(event_ids=[row[0] for row in db.fetchall()])
+        db.execute(
+            """
+            UPDATE outbox_held_event SET next_attempt_at = now()
+            WHERE topic = %s AND key = %s AND next_attempt_at > now()
+            """,
+            [topic, key],
+        )
+        return discarded + db.rowcount
+
+
+def held_event_replay(*, event_id: uuid.UUID, topic: str, key: str) -> bool:
+    """Sends a published or discarded event again with its own id: it is held as the last
+    event of its key, in the place of a transaction committing now, and the relay sends it
+    when its turn comes. False when the event is held already."""
+    with connection.cursor() as db:
+        db.execute(
+            f"""
+            INSERT INTO outbox_held_event (event_id, shard, topic, key, transaction_id,
+                                           position, attempts, next_attempt_at, last_error,
+                                           held_at)
+            VALUES (%(event_id)s, {SHARD_SQL.format(key="%(key)s")}, %(topic)s, %(key)s,
+                    pg_current_xact_id()::text::bigint, nextval(%(sequence)s), 0, NULL, '',
+                    now())
+            ON CONFLICT (event_id) DO NOTHING
+            """,  # noqa: S608 (composed of constants; values are parameters)
+            {"event_id": event_id, "topic": topic, "key": key, "sequence": POSITION_SEQUENCE},
+        )
+        return db.rowcount == 1
 
 
 def event_log_take_over() -> dict[str, int]:

@@ -1,10 +1,14 @@
 """The operators' repairs: retry, discard, replay, release a quarantined key, singly and in
 bulk. Each refuses an illegal transition with IllegalTransition; the console checks the
-permission and records who did what."""
+permission and records who did what.
+
+With the event-log relay (OUTBOX_RELAY_LOG) the event row is never changed: a repair acts on
+the held set and appends delivery records (outbox.services.event_log)."""
 
 import uuid
 from collections.abc import Sequence
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Func, Q, Value
 from django.utils import timezone
@@ -12,7 +16,9 @@ from django.utils import timezone
 from outbox.errors import (
     IllegalTransition,
 )
-from outbox.models import POSITION_SEQUENCE, OutboxEvent
+from outbox.models import POSITION_SEQUENCE, OutboxEvent, OutboxHeldEvent
+from outbox.selectors import outbox_event_delivered, outbox_events_with_delivery
+from outbox.services import event_log
 from outbox.services.publish import outbox_event_publish
 
 REPLAY_OF_HEADER = "replay_of"
@@ -27,6 +33,8 @@ def _not_leased() -> Q:
 def outbox_event_retry(*, event: OutboxEvent) -> OutboxEvent:
     """Sends a FAILED event (or a PENDING one waiting for its backoff) again, now, with a
     fresh set of attempts. An event a relay is sending at this moment is left to it."""
+    if settings.OUTBOX_RELAY_LOG:
+        return _held_event_retry(event)
     if event.status == OutboxEvent.Status.DONE:
         raise IllegalTransition(
             f"Event {event.id} is already published; replay it instead of retrying it."
@@ -57,6 +65,13 @@ def outbox_event_retry(*, event: OutboxEvent) -> OutboxEvent:
 
 def outbox_event_discard(*, event: OutboxEvent) -> OutboxEvent:
     """Gives up on a FAILED event. The row stays for audit; its key's later events flow on."""
+    if settings.OUTBOX_RELAY_LOG:
+        if not event_log.held_events_discard(event_ids=[event.id]):
+            raise IllegalTransition(
+                f"Only FAILED events can be discarded; event {event.id} is "
+                f"{outbox_event_delivered(event_id=event.id).delivery_status}."
+            )
+        return outbox_event_delivered(event_id=event.id)
     if event.status != OutboxEvent.Status.FAILED:
         raise IllegalTransition(
             f"Only FAILED events can be discarded; event {event.id} is {event.status}."
@@ -76,6 +91,8 @@ def outbox_event_replay(*, event: OutboxEvent, new_event_id: bool) -> OutboxEven
     With the same event id, consumers recognise the copy and count it as a duplicate; with
     a new event id they process it again, and the header `replay_of` names the original.
     """
+    if settings.OUTBOX_RELAY_LOG:
+        return _held_event_replay(event, new_event_id=new_event_id)
     if event.status != OutboxEvent.Status.DONE and event.discarded_at is None:
         raise IllegalTransition(
             f"Only published or discarded events can be replayed; event {event.id} is "
@@ -123,6 +140,8 @@ def outbox_event_replay(*, event: OutboxEvent, new_event_id: bool) -> OutboxEven
 def outbox_key_release(*, topic: str, key: str) -> int:
     """Lets a quarantined key flow again: discards its FAILED events and makes an event
     waiting for its backoff due now. Returns how many events it changed."""
+    if settings.OUTBOX_RELAY_LOG:
+        return event_log.held_key_release(topic=topic, key=key)
     now = timezone.now()
     with transaction.atomic():
         discarded = OutboxEvent.objects.filter(
@@ -132,6 +151,53 @@ def outbox_key_release(*, topic: str, key: str) -> int:
             topic=topic, key=key, status=OutboxEvent.Status.PENDING, next_attempt_at__gt=now
         ).update(next_attempt_at=now)
     return discarded + made_due
+
+
+def _held_event_retry(event: OutboxEvent) -> OutboxEvent:
+    if event_log.held_events_retry(event_ids=[event.id]):
+        return outbox_event_delivered(event_id=event.id)
+    current = outbox_event_delivered(event_id=event.id)
+    if current.delivery_status == OutboxEvent.Status.DONE:
+        raise IllegalTransition(
+            f"Event {event.id} is already published; replay it instead of retrying it."
+        )
+    if current.delivery_discarded_at is not None:
+        raise IllegalTransition(f"Event {event.id} was discarded; replay it to send it again.")
+    held = OutboxHeldEvent.objects.filter(event_id=event.id).first()
+    if held is None:
+        raise IllegalTransition(f"Event {event.id} has not failed: the relay sends it in its turn.")
+    head = (
+        OutboxHeldEvent.objects.filter(topic=held.topic, key=held.key)
+        .order_by("transaction_id", "position")
+        .first()
+    )
+    raise IllegalTransition(
+        f"Event {event.id} has not failed: it waits behind event "
+        f"{head.event_id if head else '(gone)'} of its key; retry or discard that one."
+    )
+
+
+def _held_event_replay(event: OutboxEvent, *, new_event_id: bool) -> OutboxEvent:
+    current = outbox_event_delivered(event_id=event.id)
+    if current.delivery_status != OutboxEvent.Status.DONE and current.delivery_discarded_at is None:
+        raise IllegalTransition(
+            f"Only published or discarded events can be replayed; event {event.id} is "
+            f"{current.delivery_status}: retry it instead."
+        )
+    if new_event_id:
+        with transaction.atomic():
+            return outbox_event_publish(
+                aggregate_type=event.aggregate_type,
+                aggregate_id=event.aggregate_id,
+                event_type=event.event_type,
+                payload=event.payload,
+                topic=event.topic,
+                key=event.key,
+                headers={**event.headers, REPLAY_OF_HEADER: str(event.id)},
+            )
+    if not event_log.held_event_replay(event_id=event.id, topic=event.topic, key=event.key):
+        raise IllegalTransition(f"Event {event.id} changed meanwhile; nothing to replay.")
+    return outbox_event_delivered(event_id=event.id)
 
 
 # --- bulk repairs ------------------------------------------------------------------------------
@@ -145,6 +211,8 @@ def outbox_events_retry(*, event_ids: Sequence[uuid.UUID | str]) -> int:
     changed."""
     if not event_ids:
         return 0
+    if settings.OUTBOX_RELAY_LOG:
+        return event_log.held_events_retry(event_ids=event_ids)
     return (
         OutboxEvent.objects.filter(_not_leased(), pk__in=list(event_ids), discarded_at__isnull=True)
         .exclude(status=OutboxEvent.Status.DONE)
@@ -163,6 +231,8 @@ def outbox_events_discard(*, event_ids: Sequence[uuid.UUID | str]) -> int:
     """outbox_event_discard() for many events: FAILED ones are kept for audit, discarded."""
     if not event_ids:
         return 0
+    if settings.OUTBOX_RELAY_LOG:
+        return event_log.held_events_discard(event_ids=event_ids)
     return OutboxEvent.objects.filter(
         pk__in=list(event_ids), status=OutboxEvent.Status.FAILED, discarded_at__isnull=True
     ).update(discarded_at=timezone.now(), updated_at=timezone.now())
@@ -171,8 +241,8 @@ def outbox_events_discard(*, event_ids: Sequence[uuid.UUID | str]) -> int:
 def outbox_events_replay(*, event_ids: Sequence[uuid.UUID | str], new_event_id: bool) -> int:
     """outbox_event_replay() for each DONE or discarded event; others are skipped."""
     replayed = 0
-    events = OutboxEvent.objects.filter(pk__in=list(event_ids)).filter(
-        Q(status=OutboxEvent.Status.DONE) | Q(discarded_at__isnull=False)
+    events = outbox_events_with_delivery(OutboxEvent.objects.filter(pk__in=list(event_ids))).filter(
+        Q(delivery_status=OutboxEvent.Status.DONE) | Q(delivery_discarded_at__isnull=False)
     )
     for event in events.order_by("position"):
         try:
