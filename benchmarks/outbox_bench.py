@@ -223,6 +223,7 @@ def _publish_paced(
     seconds: float,
     first: int,
     costs: "multiprocessing.Queue[tuple[int, float]]",
+    keys: int = KEYS,
 ) -> None:
     """One publisher process: `rate` events a second through outbox.publish(), 10 per
     transaction, catching up when it falls behind. Puts (events, CPU seconds spent in the
@@ -244,7 +245,7 @@ def _publish_paced(
                 for _ in range(per_transaction):
                     outbox.publish(
                         aggregate_type="order",
-                        aggregate_id=f"order-{number % KEYS}",
+                        aggregate_id=f"order-{number % keys}",
                         event_type=event_type,
                         payload=payload(number),
                         topic=topic,
@@ -268,11 +269,11 @@ class OfferedLoad:
 
 
 def offer_load(
-    topic: str, rate: int, seconds: float, event_type: str = "OrderPlaced"
+    topic: str, rate: int, seconds: float, event_type: str = "OrderPlaced", keys: int = KEYS
 ) -> OfferedLoad:
-    """Publishes `rate` events a second of `event_type` to `topic` from PUBLISHER_PROCESSES
-    processes (threads of one process share its interpreter lock and could not offer 1,000
-    events/s)."""
+    """Publishes `rate` events a second of `event_type` on `keys` keys to `topic` from
+    PUBLISHER_PROCESSES processes (threads of one process share its interpreter lock and
+    could not offer 1,000 events/s)."""
     from django.db import connections
 
     from outbox.models import OutboxEvent
@@ -283,7 +284,7 @@ def offer_load(
     publishers = [
         context.Process(
             target=_publish_paced,
-            args=(topic, event_type, rate / PUBLISHER_PROCESSES, seconds, number, costs),
+            args=(topic, event_type, rate / PUBLISHER_PROCESSES, seconds, number, costs, keys),
         )
         for number in range(PUBLISHER_PROCESSES)
     ]
@@ -724,9 +725,12 @@ def measure_snapshot_run(
     url: str,
     environment: dict[str, str],
     topics: list[str],
+    keys: int = KEYS,
+    drain_seconds: float = 60,
 ) -> SnapshotRun:
-    """The long-running relay `relay` in a subprocess, under `rate` events/s for `seconds`,
-    while another connection holds a snapshot open (or not)."""
+    """The long-running relay `relay` in a subprocess, under `rate` events/s on `keys` keys
+    for `seconds`, while another connection holds a snapshot open (or not); the lags are
+    read once all is published or `drain_seconds` after the offer."""
     from outbox.models import OutboxEvent
 
     clear_outbox()
@@ -735,7 +739,7 @@ def measure_snapshot_run(
     command = [sys.executable, "manage.py", "outbox_relay", "--poll-seconds", "1"]
     if relay == LOG:
         command.append("--log")
-    output = RELAY_OUTPUT_DIR / f"{relay}-{'held' if held else 'free'}.log"
+    output = RELAY_OUTPUT_DIR / f"{relay}-{'held' if held else 'free'}-{keys}-keys.log"
     process = start(command, environment, output)
     holder = None
     try:
@@ -743,7 +747,7 @@ def measure_snapshot_run(
         warm_up(topic, relay)
         if held:
             holder = hold_snapshot(url)
-        offered = offer_load(topic, rate, seconds)
+        offered = offer_load(topic, rate, seconds, keys=keys)
         offer_ended = time.monotonic()
         time.sleep(max(0.0, offer_ended + 10 - time.monotonic()))
         left = undelivered_count(topic, relay=relay)
@@ -751,7 +755,7 @@ def measure_snapshot_run(
         if holder is not None:
             holder.close()
             holder = None
-        p50, p99, worst, never = lag_percentiles(topic, timeout=60, relay=relay)
+        p50, p99, worst, never = lag_percentiles(topic, timeout=drain_seconds, relay=relay)
         events = OutboxEvent.objects.filter(topic=topic, event_type="OrderPlaced").count()
     finally:
         if holder is not None:
@@ -818,6 +822,35 @@ def compare_held_snapshot(
         for line in run.errors[:5]:
             print(f"  {run.relay}, snapshot {'held' if run.held else 'none'}: {line}")
     print(f"  (the relays' output: {RELAY_OUTPUT_DIR})")
+
+
+def compare_one_key_lag(
+    rate: int, seconds: float, url: str, environment: dict[str, str], topics: list[str]
+) -> None:
+    print()
+    print(
+        f"4. one key: `outbox_relay --poll-seconds 1` (--log for the event-log relay) in a"
+        f" subprocess, {rate} events/s on ONE key offered for {seconds:.0f} s (10 events per"
+    )
+    print(
+        "   transaction); 'left' = not published at the end of the offer + 10 s; lag over the"
+        " events published"
+    )
+    print("   within 10 s more (the claim relay sends one event of a key per claim).")
+    print(
+        f"  {'relay':<6}{'offered/s':>10}{'events':>9}{'left':>9}"
+        f"{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}  never published"
+    )
+    for relay in (CLAIM, LOG):
+        run = measure_snapshot_run(
+            relay, False, rate, seconds, url, environment, topics, keys=1, drain_seconds=10
+        )
+        print(
+            f"  {run.relay:<6}{run.offered.rate:>10,.0f}{run.events:>9,}{run.left:>9,}"
+            f"{run.p50:>10,.0f}{run.p99:>10,.0f}{run.worst:>10,.0f}  {run.never:,}"
+        )
+        for line in run.errors[:5]:
+            print(f"  {run.relay}: {line}")
 
 
 def wal_lsn() -> str:
@@ -999,17 +1032,23 @@ def compare_relays(options: argparse.Namespace, url: str, environment: dict[str,
         f" {settings.KAFKA_BOOTSTRAP_SERVERS}"
     )
     topics: list[str] = []
+    parts = set(options.only or ("skew", "snapshot", "wal", "one-key"))
     try:
-        compare_key_skew(options.skew_events, options.batch_size, topics)
-        compare_held_snapshot(
-            [CLAIM, LOG],
-            options.snapshot_rate,
-            options.snapshot_seconds,
-            url,
-            environment,
-            topics,
-        )
-        compare_wal(options.batch_size, topics)
+        if "skew" in parts:
+            compare_key_skew(options.skew_events, options.batch_size, topics)
+        if "snapshot" in parts:
+            compare_held_snapshot(
+                [CLAIM, LOG],
+                options.snapshot_rate,
+                options.snapshot_seconds,
+                url,
+                environment,
+                topics,
+            )
+        if "wal" in parts:
+            compare_wal(options.batch_size, topics)
+        if "one-key" in parts:
+            compare_one_key_lag(options.lag_rate, options.one_key_seconds, url, environment, topics)
     finally:
         delete_topics(topics)
 
@@ -1036,6 +1075,15 @@ def main() -> None:
     )
     parser.add_argument(
         "--snapshot-rate", type=int, default=800, help="offered load, events/s (snapshot)"
+    )
+    parser.add_argument(
+        "--one-key-seconds", type=float, default=30.0, help="offered load's length (one key)"
+    )
+    parser.add_argument(
+        "--only",
+        choices=("skew", "snapshot", "wal", "one-key"),
+        action="append",
+        help="with --compare-relays: run only these parts (repeatable)",
     )
     options = parser.parse_args()
 
