@@ -1,5 +1,6 @@
 """Thin Celery tasks, each calling one service. Schedules: project/settings/schedule.py."""
 
+import logging
 import socket
 from datetime import timedelta
 
@@ -10,7 +11,10 @@ from django.utils import timezone
 
 from outbox.log_relay import LogRelay
 from outbox.relay import Relay, transactional_id_for
+from outbox.services.event_log import claim_relay_refusal, log_relay_refusal
 from outbox.services.retention import outbox_event_log_purge, outbox_events_purge_published
+
+logger = logging.getLogger(__name__)
 
 
 def _worker_slot() -> str:
@@ -22,6 +26,10 @@ def _worker_slot() -> str:
 @shared_task(name="outbox.tasks.relay", ignore_result=True)
 def relay() -> int:
     """Publishes due events, looping while batches come back full."""
+    refusal = log_relay_refusal() if settings.OUTBOX_RELAY_LOG else claim_relay_refusal()
+    if refusal:
+        logger.error("Outbox relay does not run: %s", refusal)
+        return 0
     if settings.OUTBOX_RELAY_LOG:
         log_relay = LogRelay(transactional_id=transactional_id_for(_worker_slot()))
         try:

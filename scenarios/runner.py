@@ -32,9 +32,9 @@ from django.db.models import Count
 
 import outbox
 from inbox.models import InboxMessage
-from outbox.models import OutboxEvent, OutboxHeldEvent
+from outbox.models import OutboxEvent
 from outbox.selectors import outbox_events_with_delivery
-from outbox.services.event_log import event_log_take_over
+from outbox.services.event_log import event_log_start_afresh
 from scenarios import faults, ports
 from scenarios.checker import DeliveryReport, delivery_check
 from scenarios.conf import AGGREGATE_TYPE, EVENT_TYPE, GROUP_VARIABLE, RUN_VARIABLE, TOPIC_VARIABLE
@@ -730,11 +730,6 @@ class Run:
             daemon=True,
         )
         complete = False
-        if self.log_relay:
-            # The relays of earlier runs have stopped; the event-log relay starts from now, as
-            # outbox_log_take_over starts it in a deployment. Without it, it would send again
-            # the events a claim relay delivered since migration 0009.
-            event_log_take_over()
         try:
             scenario.start(self)
             supervisor.start()
@@ -925,16 +920,14 @@ class Scenario:
 
 
 def prepare_database() -> None:
-    """Migrates the isolated database and clears what aborted runs left undelivered there,
-    so that the relays of this run have only its events to publish."""
+    """Migrates the isolated database and empties its outbox, so that the relays of this run
+    have only its events to publish, and either relay may run (each refuses a database the
+    other has been sending: outbox.services.event_log)."""
     if not faults.is_isolated():
         raise RuntimeError("the scenario runner only runs against the isolated services")
     call_command("migrate", verbosity=0, interactive=False)
-    undelivered = outbox_events_with_delivery(OutboxEvent.objects.all()).exclude(
-        delivery_status="DONE"
-    )
-    OutboxHeldEvent.objects.all().delete()
-    OutboxEvent.objects.filter(pk__in=undelivered.values("pk")).delete()
+    OutboxEvent.objects.all().delete()
+    event_log_start_afresh()
 
 
 def run_scenario(

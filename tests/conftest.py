@@ -40,6 +40,23 @@ def connect_outside_django(database: dict[str, Any], **options: Any) -> psycopg.
     )
 
 
+@pytest.fixture(autouse=True)
+def _event_log_afresh_for_transactional_tests(
+    request: pytest.FixtureRequest, django_db_blocker: Any
+) -> None:
+    """A test whose writes are committed starts with the event log afresh, as on a new
+    database: the flush after the previous one emptied the outbox but not the relay's ticks and
+    cursors, and cursors moved by an event-log relay would stop this test's claim relay
+    (outbox.services.event_log.claim_relay_refusal)."""
+    marker = request.node.get_closest_marker("django_db")
+    if marker is None or not marker.kwargs.get("transaction"):
+        return
+    from outbox.services.event_log import event_log_start_afresh
+
+    with django_db_blocker.unblock():
+        event_log_start_afresh()
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = []
     database = settings.DATABASES["default"]

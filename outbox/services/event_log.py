@@ -494,6 +494,86 @@ def held_head_failed(
             )
 
 
+# --- which relay a database belongs to ----------------------------------------------------------
+# The two relays keep their progress in different places: the claim relay on the event rows, the
+# event-log relay in its cursors. Either one started where the other has been sending would send
+# the other's deliveries again, so each refuses to start there (the long-running command and
+# beat's task ask before they run).
+
+MIGRATION_CURSOR = "migration"
+TAKE_OVER_CURSOR = "take-over"
+
+
+def _latest_cursor_writer() -> str | None:
+    with connection.cursor() as db:
+        db.execute("SELECT relay FROM outbox_relay_cursor ORDER BY id DESC LIMIT 1")
+        row = db.fetchone()
+    return row[0] if row else None
+
+
+def claim_relay_refusal() -> str | None:
+    """Why the claim relay must not run on this database, or None: once the event-log relay
+    has recorded a cursor of its own (or a take-over has), the events it sent are PENDING on
+    their rows, and the claim relay would send them again."""
+    if _latest_cursor_writer() in (None, MIGRATION_CURSOR):
+        return None
+    return (
+        "This database's outbox is sent by the event-log relay (its cursors have moved): the "
+        "claim relay would send again every event that relay delivered. Set "
+        "OUTBOX_RELAY_LOG=true (or run `outbox_relay --log`)."
+    )
+
+
+def log_relay_refusal() -> str | None:
+    """Why the event-log relay must not start on this database, or None: its cursors are still
+    where migration 0009 put them, and the claim relay has sent (or tried) events since, or
+    events written before that migration are undelivered. It would send again what the claim
+    relay delivered after its cursors, and never send the older events."""
+    if _latest_cursor_writer() != MIGRATION_CURSOR:
+        return None
+    with connection.cursor() as db:
+        db.execute(
+            """
+            SELECT EXISTS (
+                SELECT 1 FROM outbox_event
+                WHERE (txid IS NOT NULL
+                       AND (status <> 'PENDING' OR attempts > 0 OR locked_until IS NOT NULL))
+                   OR (txid IS NULL AND status <> 'DONE' AND discarded_at IS NULL)
+            )
+            """
+        )
+        claimed = db.fetchone()[0]
+    if not claimed:
+        return None
+    return (
+        "The claim relay has been sending this database's outbox: stop every claim relay "
+        "(and beat's outbox.tasks.relay without OUTBOX_RELAY_LOG), then run `python manage.py "
+        "outbox_log_take_over`, which hands the event-log relay what the claim relay left, "
+        "once and in order."
+    )
+
+
+def event_log_start_afresh() -> None:
+    """Forgets every tick, cursor, delivery record and held event and starts every shard now,
+    as migration 0009 does: for a database whose outbox is empty (a test's or a scenario run's),
+    so that either relay may start on it. Refuses a database that holds events."""
+    with transaction.atomic(), connection.cursor() as db:
+        db.execute("LOCK TABLE outbox_event IN SHARE MODE")
+        db.execute("SELECT EXISTS (SELECT 1 FROM outbox_event)")
+        if db.fetchone()[0]:
+            raise RuntimeError("the outbox holds events: the event log cannot start afresh")
+        db.execute("TRUNCATE outbox_relay_cursor, outbox_tick, outbox_delivery, outbox_held_event")
+        db.execute("INSERT INTO outbox_tick (snapshot) VALUES (pg_current_snapshot()) RETURNING id")
+        tick_id = db.fetchone()[0]
+        db.execute(
+            """
+            INSERT INTO outbox_relay_cursor (shards, tick_id, txid, position, relay)
+            VALUES (%s::smallint[], %s, '0'::xid8, 0, %s)
+            """,
+            [list(ALL_SHARDS), tick_id, MIGRATION_CURSOR],
+        )
+
+
 # --- operators' repairs of held events --------------------------------------------------------
 # A head whose attempts are spent is never sent by a relay, so discarding it cannot race with a
 # send; a retry only makes a head due, and the relay that sends it records the outcome.
@@ -597,9 +677,9 @@ def event_log_take_over() -> dict[str, int]:
         db.execute(
             """
             INSERT INTO outbox_relay_cursor (shards, tick_id, txid, position, relay)
-            VALUES (%s::smallint[], %s, '0'::xid8, 0, 'take-over')
+            VALUES (%s::smallint[], %s, '0'::xid8, 0, %s)
             """,
-            [list(ALL_SHARDS), tick_id],
+            [list(ALL_SHARDS), tick_id, TAKE_OVER_CURSOR],
         )
         db.execute(
             f"""

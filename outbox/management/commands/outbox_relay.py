@@ -15,12 +15,13 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connection
 
 from outbox.log_relay import LogRelay
 from outbox.producer import close_producers, get_producer
 from outbox.relay import Relay, transactional_id_for
+from outbox.services.event_log import claim_relay_refusal, log_relay_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,11 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         relay: Relay | LogRelay
-        if options["log"] or settings.OUTBOX_RELAY_LOG:
+        log = options["log"] or settings.OUTBOX_RELAY_LOG
+        refusal = log_relay_refusal() if log else claim_relay_refusal()
+        if refusal:
+            raise CommandError(refusal)
+        if log:
             relay = LogRelay(
                 transactional_id=transactional_id_for(options["slot"]),
                 batch_size=options["batch_size"],
