@@ -145,7 +145,7 @@ def run_selected_action(
 
 
 def detail_action_confirmation(
-    model_admin: admin.ModelAdmin, request: HttpRequest, obj: Any, *, verb: str
+    model_admin: admin.ModelAdmin, request: HttpRequest, obj: Any, *, verb: str, status: str
 ) -> HttpResponse | None:
     """None when the request is a POST, which may go on and change the row; otherwise the
     page that asks for that POST. Unfold renders detail actions as links, and a GET (a
@@ -159,7 +159,7 @@ def detail_action_confirmation(
         "opts": opts,
         "object_pk": obj.pk,
         "object_label": str(opts.verbose_name).capitalize(),
-        "status": obj.status,
+        "status": status,
         "verb": verb,
         "cancel_url": reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[obj.pk]),
     }
@@ -314,6 +314,10 @@ class DeliveryAdmin(ReadOnlyModelAdmin):
     def headers_json(self, row: Any) -> str:
         return pretty_json(row.headers)
 
+    def row_status(self, row: Any) -> str:
+        """The row's status as the detail actions' pages and messages name it."""
+        return str(row.status)
+
     def run_row_action(self, request: HttpRequest, row: Any, name: str) -> Any:
         """Runs the operator action `name` on one row; returns the row as it now is (for a
         replay with a new event id: the new row)."""
@@ -332,7 +336,9 @@ class DeliveryAdmin(ReadOnlyModelAdmin):
             return HttpResponseRedirect(
                 reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")
             )
-        confirmation = detail_action_confirmation(self, request, row, verb=verb)
+        confirmation = detail_action_confirmation(
+            self, request, row, verb=verb, status=self.row_status(row)
+        )
         if confirmation is not None:
             return confirmation
         try:
@@ -343,7 +349,9 @@ class DeliveryAdmin(ReadOnlyModelAdmin):
                 reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[row.pk])
             )
         self.message_user(
-            request, f"{verb}: {self.row_noun} {result.pk} is {result.status}.", messages.SUCCESS
+            request,
+            f"{verb}: {self.row_noun} {result.pk} is {self.row_status(result)}.",
+            messages.SUCCESS,
         )
         return HttpResponseRedirect(
             reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[result.pk])

@@ -1,29 +1,96 @@
-"""The outbox events' console: list, detail with the consumers' timeline, repairs, and the
-release of a quarantined key. Every action calls console.operations, has its own permission,
-and is logged."""
+"""The outbox events' console: list, detail with the delivery attempts and the consumers'
+timeline, repairs, and the release of a quarantined key. Every action calls
+console.operations, has its own permission, and is logged.
+
+Status, attempts, error, publication and discard are the delivery as users see it, whichever
+relay runs (outbox.selectors.outbox_events_with_delivery): the claim relay writes them on the
+event row, the event-log relay in delivery records and its held set."""
 
 import contextlib
 import uuid
+from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.validators import EMPTY_VALUES
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from unfold.contrib.filters.admin import RangeDateTimeFilter
+from unfold.dataclasses import UnfoldAction
 from unfold.decorators import action, display
+from unfold.utils import parse_datetime_str
 
-from console.admin.base import DeliveryAdmin, ExactTextFilter, run_selected_action
+from console.admin.base import (
+    DeliveryAdmin,
+    ExactTextFilter,
+    preformatted,
+    run_selected_action,
+    status_badge,
+)
+from console.api.outbox.filters import DISCARDED, outbox_events_in_state
 from console.models import OperatorAction
 from console.operations import outbox_event_action, outbox_key_release_action
 from console.selectors import event_consumers
-from outbox.models import OutboxEvent, OutboxEventPermission
+from outbox.models import OutboxDelivery, OutboxEvent, OutboxEventPermission, OutboxHeldEvent
+from outbox.selectors import outbox_event_delivered, outbox_events_with_delivery
 
 Action = OperatorAction.Action
+Status = OutboxEvent.Status
+# The detail page lists at most this many delivery attempts; the API pages through them all.
+ATTEMPTS_SHOWN = 200
+
+
+class DeliveryStatusFilter(admin.SimpleListFilter):
+    """The status as users see it, whichever relay runs (delivery_status), or the events an
+    operator discarded. The parameter keeps the name of the filter on the event row's column
+    it replaces, so saved links and the filters kept in the audit log keep their meaning."""
+
+    title = "status"
+    parameter_name = "status__exact"
+
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin
+    ) -> Iterable[tuple[str, str]]:
+        return [*Status.choices, (DISCARDED, "Discarded")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value()
+        if value is None:
+            return queryset
+        if value not in {choice for choice, _ in self.lookup_choices}:
+            return queryset.none()  # as the column's filter answered an unknown status
+        return outbox_events_in_state(queryset, state=value)
+
+
+class DeliveredAtRangeFilter(RangeDateTimeFilter):
+    """The range filter of published_at (same parameters), on when the broker confirmed the
+    event's latest publication with either relay (delivered_at)."""
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet | None:
+        bounds: dict[str, datetime] = {}
+        for end, lookup in (("from", "gte"), ("to", "lte")):
+            day = self.used_parameters.get(f"{self.parameter_name}_{end}_0")
+            time = self.used_parameters.get(f"{self.parameter_name}_{end}_1")
+            if day in EMPTY_VALUES or time in EMPTY_VALUES:
+                continue
+            moment = parse_datetime_str(f"{day} {time}")
+            if moment is None:
+                return None
+            if timezone.is_naive(moment):
+                moment = timezone.make_aware(moment)
+            bounds[f"delivered_at__{lookup}"] = moment
+        try:
+            return queryset.filter(**bounds)
+        except (ValueError, ValidationError):
+            return None
 
 
 @admin.register(OutboxEvent)
@@ -38,17 +105,17 @@ class OutboxEventAdmin(DeliveryAdmin):
         "aggregate",
         "topic",
         "state",
-        "attempts",
+        "attempts_made",
         "created_at",
-        "published_at",
+        "published",
     )
     list_filter = (
-        "status",
+        DeliveryStatusFilter,
         ("event_type", ExactTextFilter),
         ("aggregate_type", ExactTextFilter),
         ("topic", ExactTextFilter),
         ("created_at", RangeDateTimeFilter),
-        ("published_at", RangeDateTimeFilter),
+        ("published_at", DeliveredAtRangeFilter),
     )
     search_fields = ("id", "aggregate_id", "key")
     ordering = ("-created_at",)
@@ -70,24 +137,56 @@ class OutboxEventAdmin(DeliveryAdmin):
             {
                 "fields": (
                     "state",
-                    "attempts",
-                    "next_attempt_at",
+                    "attempts_made",
+                    "next_attempt",
                     "last_error_text",
                     "created_at",
-                    "published_at",
-                    "kafka_partition",
-                    "kafka_offset",
+                    "published",
+                    "partition",
+                    "offset",
                     "position",
-                    "discarded_at",
+                    "discarded",
                 )
             },
         ),
+        ("Delivery attempts", {"fields": ("held", "attempt_history")}),
         ("Payload and headers", {"fields": ("payload_json", "headers_json")}),
         ("Timeline: consumers of this event", {"fields": ("timeline",)}),
     )
 
     def has_release_permission(self, request: HttpRequest, object_id: Any = None) -> bool:
         return bool(request.user.has_perm(OutboxEventPermission.RELEASE_KEY))
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return outbox_events_with_delivery(super().get_queryset(request))
+
+    def get_actions_detail(self, request: HttpRequest, object_id: Any) -> list[UnfoldAction]:
+        """The detail page offers the repairs the event's delivery allows; the others would
+        only be refused (a request made anyway gets the service's message)."""
+        offered = super().get_actions_detail(request, object_id)
+        event = self.get_object(request, str(object_id))
+        if event is None:
+            return offered
+        done = event.delivery_status == Status.DONE
+        discarded = event.delivery_discarded_at is not None
+        failed = event.delivery_status == Status.FAILED and not discarded
+        backing_off = event.delivery_status == Status.PENDING and event.delivery_attempts > 0
+        allowed = {
+            "retry_detail": failed or (backing_off and not discarded),
+            "discard_detail": failed,
+            "replay_same_id_detail": done or discarded,
+            "replay_new_id_detail": done or discarded,
+        }
+        prefix = f"{self.opts.app_label}_{self.opts.model_name}_"
+        return [
+            unfold_action
+            for unfold_action in offered
+            if allowed.get(unfold_action.action_name.removeprefix(prefix), True)
+        ]
+
+    def row_status(self, row: Any) -> str:
+        discarded = " (discarded)" if row.delivery_discarded_at is not None else ""
+        return f"{row.delivery_status}{discarded}"
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str
@@ -121,17 +220,136 @@ class OutboxEventAdmin(DeliveryAdmin):
     def aggregate(self, event: OutboxEvent) -> str:
         return f"{event.aggregate_type} {event.aggregate_id}"
 
+    @display(description="Status")
+    def state(self, event: Any) -> str:
+        return status_badge(
+            event.delivery_status, discarded=event.delivery_discarded_at is not None
+        )
+
+    @display(description="Attempts")
+    def attempts_made(self, event: Any) -> int:
+        return int(event.delivery_attempts)
+
+    @display(description="Last error")
+    def last_error_text(self, event: Any) -> str:
+        return preformatted(event.delivery_error)
+
+    @display(description="Published at")
+    def published(self, event: Any) -> datetime | None:
+        return event.delivered_at
+
+    @display(description="Kafka partition")
+    def partition(self, event: Any) -> int | None:
+        return event.delivered_partition
+
+    @display(description="Kafka offset")
+    def offset(self, event: Any) -> int | None:
+        return event.delivered_offset
+
+    @display(description="Discarded at")
+    def discarded(self, event: Any) -> datetime | None:
+        return event.delivery_discarded_at
+
+    @display(description="Next attempt")
+    def next_attempt(self, event: Any) -> Any:
+        if not settings.OUTBOX_RELAY_LOG:
+            return event.next_attempt_at
+        # The event-log relay never updates the row: its retries are planned in the held set.
+        held = OutboxHeldEvent.objects.filter(event_id=event.pk).first()
+        return _next_attempt_text(held) if held is not None else "-"
+
+    @display(description="Held back")
+    def held(self, event: Any) -> str:
+        held = OutboxHeldEvent.objects.filter(event_id=event.pk).first()
+        if held is None:
+            return "-" if settings.OUTBOX_RELAY_LOG else "- (the claim relay holds nothing)"
+        rows: list[tuple[str, Any]] = [
+            ("Held since", _millis(held.held_at)),
+            ("Next attempt", _next_attempt_text(held)),
+        ]
+        head = (
+            OutboxHeldEvent.objects.filter(topic=held.topic, key=held.key)
+            .order_by("transaction_id", "position")
+            .only("event_id")
+            .first()
+        )
+        if head is not None and head.event_id != held.event_id:
+            url = reverse("admin:outbox_outboxevent_change", args=[head.event_id])
+            rows.append(
+                (
+                    "Waits behind",
+                    format_html(
+                        '<a href="{}">event {}</a>, the first held event of its key',
+                        url,
+                        head.event_id,
+                    ),
+                )
+            )
+        return format_html(
+            "<table class='console-held'>{}</table>",
+            format_html_join(
+                "",
+                "<tr><td style='padding:2px 12px 2px 0'><b>{}</b></td><td>{}</td></tr>",
+                rows,
+            ),
+        )
+
+    @display(description="Delivery attempts, oldest first")
+    def attempt_history(self, event: Any) -> str:
+        records = list(
+            OutboxDelivery.objects.filter(event_id=event.pk).order_by("id")[: ATTEMPTS_SHOWN + 1]
+        )
+        if not records:
+            return (
+                "No attempt record: the claim relay keeps only the outcome, on the event "
+                "(status, attempts, last error, publication above)."
+                if not settings.OUTBOX_RELAY_LOG
+                else "No attempt yet."
+            )
+        lines = [
+            (
+                _millis(record.published_at),
+                record.outcome,
+                f"partition {record.kafka_partition}, offset {record.kafka_offset}"
+                if record.kafka_partition is not None
+                else "-",
+                record.relay,
+                preformatted(record.error),
+            )
+            for record in records[:ATTEMPTS_SHOWN]
+        ]
+        more = (
+            format_html(
+                "<p>Only the first {} attempts are shown; the API's "
+                "/api/outbox/events/{}/attempts/ lists them all.</p>",
+                ATTEMPTS_SHOWN,
+                event.pk,
+            )
+            if len(records) > ATTEMPTS_SHOWN
+            else ""
+        )
+        cell = "<td style='padding:2px 12px 2px 0; vertical-align:top'>{}</td>"
+        body = format_html_join("", "<tr>" + cell * 5 + "</tr>", lines)
+        return format_html(
+            "<table class='console-attempts'><tr><th style='text-align:left'>When</th>"
+            "<th style='text-align:left'>Outcome</th><th style='text-align:left'>Placement</th>"
+            "<th style='text-align:left'>Relay</th><th style='text-align:left'>Error</th></tr>"
+            "{}</table>{}",
+            body,
+            more,
+        )
+
     @display(description="Inbox rows with this event id, in every consumer group")
-    def timeline(self, event: OutboxEvent) -> str:
+    def timeline(self, event: Any) -> str:
         rows = event_consumers(event_id=event.id)
         steps = [
             ("created", event.created_at, "", ""),
             (
                 "published",
-                event.published_at,
+                event.delivered_at,
                 "",
-                f"partition {event.kafka_partition}, offset {event.kafka_offset}"
-                if event.published_at
+                f"partition {event.delivered_partition}, offset {event.delivered_offset}"
+                if event.delivered_at
                 else "",
             ),
         ]
@@ -202,7 +420,10 @@ class OutboxEventAdmin(DeliveryAdmin):
     # --- detail actions ------------------------------------------------------------------------
 
     def run_row_action(self, request: HttpRequest, row: Any, name: str) -> OutboxEvent:
-        return outbox_event_action(user=request.user, event=row, action=name, source="admin")
+        result = outbox_event_action(user=request.user, event=row, action=name, source="admin")
+        # Read again with its delivery: a repair of the claim relay refreshes only the row's
+        # columns, and a replay with a new event id returns a new row.
+        return outbox_event_delivered(event_id=result.pk)
 
     @action(description="Retry", url_path="retry", permissions=["retry"])
     def retry_detail(self, request: HttpRequest, object_id: str) -> HttpResponse:
@@ -256,18 +477,46 @@ class OutboxEventAdmin(DeliveryAdmin):
                 messages.SUCCESS,
             )
             return HttpResponseRedirect(reverse("admin:index"))
-        waiting = OutboxEvent.objects.filter(topic=topic, key=key).exclude(
-            status=OutboxEvent.Status.DONE
-        )
+        waiting = _undelivered_of_key(topic=topic, key=key)
         context = {
             **self.admin_site.each_context(request),
             "title": "Release a quarantined key",
             "opts": self.model._meta,
             "topic": topic,
             "key": key,
-            "failed": waiting.filter(
-                status=OutboxEvent.Status.FAILED, discarded_at__isnull=True
-            ).count(),
-            "waiting": waiting.filter(discarded_at__isnull=True).count(),
+            "failed": waiting.filter(delivery_status=Status.FAILED).count(),
+            "waiting": waiting.count(),
         }
         return TemplateResponse(request, "admin/console/release_key.html", context)
+
+
+def _undelivered_of_key(*, topic: str, key: str) -> QuerySet:
+    """The events of (topic, key) neither delivered nor discarded, by their delivery.
+
+    Only candidates are annotated, not every event the key ever had: with the claim relay the
+    rows not DONE nor discarded (an index serves them); with the event-log relay, which never
+    updates a row, the held events: a key's undelivered events are held behind its failed
+    head, and a later event joins them when the relay reads it."""
+    if settings.OUTBOX_RELAY_LOG:
+        held = OutboxHeldEvent.objects.filter(topic=topic, key=key).values("event_id")
+        candidates = Q(pk__in=held)
+    else:
+        candidates = ~Q(status=Status.DONE) & Q(discarded_at__isnull=True)
+    events = OutboxEvent.objects.filter(candidates, topic=topic, key=key)
+    return (
+        outbox_events_with_delivery(events)
+        .exclude(delivery_status=Status.DONE)
+        .filter(delivery_discarded_at__isnull=True)
+    )
+
+
+def _millis(moment: datetime) -> str:
+    return moment.isoformat(timespec="milliseconds")
+
+
+def _next_attempt_text(held: OutboxHeldEvent) -> Any:
+    if held.next_attempt_at is not None:
+        return _millis(held.next_attempt_at)
+    if held.attempts > 0:
+        return f"waiting for an operator ({held.attempts} attempts spent)"
+    return "after the events before it in its key"

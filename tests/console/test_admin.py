@@ -91,6 +91,50 @@ def test_outbox_list_filters_and_searches(viewer, make_event):
     assert str(failed.pk) in html
 
 
+def test_outbox_list_filters_discarded_events_and_the_publication_time(viewer, make_event):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    failed = make_event(OutboxEvent.Status.FAILED)
+    discarded = make_event(OutboxEvent.Status.FAILED, discarded_at=timezone.now())
+    old = make_event(OutboxEvent.Status.DONE, published_at=timezone.now() - timedelta(days=2))
+    recent = make_event(OutboxEvent.Status.DONE)
+    client = logged_in(viewer)
+
+    def listed(**query):
+        html = client.get(EVENTS, query).content.decode()
+        return {event for event in (failed, discarded, old, recent) if str(event.pk) in html}
+
+    assert listed(status__exact="FAILED") == {failed, discarded}
+    assert listed(status__exact="discarded") == {discarded}
+    assert listed(status__exact="DONE") == {old, recent}
+    since = timezone.localtime() - timedelta(days=1)
+    assert listed(
+        published_at_from_0=since.strftime("%Y-%m-%d"),
+        published_at_from_1=since.strftime("%H:%M:%S"),
+    ) == {recent}
+    assert "FAILED (discarded)" in client.get(EVENTS).content.decode()
+
+
+def test_outbox_detail_offers_the_repairs_the_status_allows(operator, make_event):
+    client = logged_in(operator)
+
+    def offered(event):
+        html = client.get(f"{EVENTS}{event.pk}/change/").content.decode()
+        verbs = ("retry", "discard", "replay-same-id", "replay-new-id", "release-key")
+        return {verb for verb in verbs if f"{EVENTS}{event.pk}/{verb}/" in html}
+
+    assert offered(make_event(OutboxEvent.Status.FAILED)) == {"retry", "discard", "release-key"}
+    assert offered(make_event(OutboxEvent.Status.DONE)) == {
+        "replay-same-id",
+        "replay-new-id",
+        "release-key",
+    }
+    assert offered(make_event(OutboxEvent.Status.PENDING, attempts=3)) == {"retry", "release-key"}
+    assert offered(make_event(OutboxEvent.Status.PENDING)) == {"release-key"}
+
+
 def test_outbox_list_never_counts_the_whole_table(
     viewer, make_event, django_assert_max_num_queries
 ):

@@ -152,6 +152,35 @@ def test_list_filters_and_omits_payloads(viewer, make_event):
     assert len(body["results"]) == 1
 
 
+def test_list_filters_by_discard_and_publication_time(viewer, make_event):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    failed = make_event(OutboxEvent.Status.FAILED)
+    discarded = make_event(OutboxEvent.Status.FAILED, discarded_at=timezone.now())
+    old = make_event(OutboxEvent.Status.DONE, published_at=timezone.now() - timedelta(days=2))
+    recent = make_event(OutboxEvent.Status.DONE)
+    client = client_for(viewer)
+
+    def ids(**query):
+        return {row["id"] for row in client.get(EVENTS, query).json()["results"]}
+
+    assert ids(discarded="true") == {str(discarded.pk)}
+    assert ids(status="FAILED", discarded="false") == {str(failed.pk)}
+    since = (timezone.now() - timedelta(days=1)).isoformat()
+    assert ids(published_after=since) == {str(recent.pk)}
+    assert ids(published_before=since) == {str(old.pk)}
+
+
+def test_an_actions_response_reports_the_delivery(operator, make_event):
+    event = make_event(OutboxEvent.Status.FAILED)
+    body = client_for(operator).post(f"{EVENTS}{event.pk}/discard/", {}, format="json").json()
+    assert body["status"] == "FAILED"
+    assert body["discarded_at"] is not None
+    assert body["attempts"] == 10
+
+
 def test_cursor_pagination_walks_every_row_once(viewer, make_event):
     created = {str(make_event().pk) for _ in range(7)}
     client = client_for(viewer)

@@ -3,7 +3,7 @@ from rest_framework import serializers
 from console.api.serializers import ActionInputSerializer, BulkInputSerializer
 from console.selectors import event_consumers
 from inbox.models import InboxMessage
-from outbox.models import OutboxEvent
+from outbox.models import OutboxDelivery, OutboxEvent
 
 LIST_FIELDS = (
     "id",
@@ -25,6 +25,38 @@ LIST_FIELDS = (
 
 
 class OutboxEventListSerializer(serializers.ModelSerializer):
+    """An event with its delivery as users see it, whichever relay sent it."""
+
+    # The delivery fields keep the event row's names but read the annotations of
+    # outbox.selectors.outbox_events_with_delivery, which the instance must carry.
+
+    status = serializers.ChoiceField(
+        source="delivery_status", choices=OutboxEvent.Status.choices, read_only=True
+    )
+    attempts = serializers.IntegerField(
+        source="delivery_attempts",
+        read_only=True,
+        help_text="Tries that ended in a delivery report.",
+    )
+    last_error = serializers.CharField(
+        source="delivery_error", read_only=True, help_text="The error of the last failed try."
+    )
+    published_at = serializers.DateTimeField(
+        source="delivered_at",
+        read_only=True,
+        allow_null=True,
+        help_text="When the broker confirmed the latest publication.",
+    )
+    kafka_partition = serializers.IntegerField(
+        source="delivered_partition", read_only=True, allow_null=True
+    )
+    kafka_offset = serializers.IntegerField(
+        source="delivered_offset", read_only=True, allow_null=True
+    )
+    discarded_at = serializers.DateTimeField(
+        source="delivery_discarded_at", read_only=True, allow_null=True
+    )
+
     class Meta:
         model = OutboxEvent
         fields = LIST_FIELDS
@@ -49,7 +81,7 @@ class InboxTimelineSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class OutboxEventDetailSerializer(serializers.ModelSerializer):
+class OutboxEventDetailSerializer(OutboxEventListSerializer):
     payload = serializers.JSONField(read_only=True)
     headers = serializers.JSONField(read_only=True)
     # The event's timeline: its inbox rows in every consumer group.
@@ -62,6 +94,22 @@ class OutboxEventDetailSerializer(serializers.ModelSerializer):
 
     def get_consumers(self, event: OutboxEvent) -> list[dict]:
         return list(InboxTimelineSerializer(event_consumers(event_id=event.pk), many=True).data)
+
+
+class OutboxDeliverySerializer(serializers.ModelSerializer):
+    """One attempt to deliver an event, as the event-log relay recorded it."""
+
+    at = serializers.DateTimeField(
+        source="published_at",
+        read_only=True,
+        help_text="When the broker confirmed the record; for a failure, when the report came; "
+        "for a discard, when the operator gave up.",
+    )
+
+    class Meta:
+        model = OutboxDelivery
+        fields = ("id", "outcome", "at", "kafka_partition", "kafka_offset", "error", "relay")
+        read_only_fields = fields
 
 
 class ReplayInputSerializer(ActionInputSerializer):

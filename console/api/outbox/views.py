@@ -17,6 +17,7 @@ from console.api.outbox.serializers import (
     KeyReleaseInputSerializer,
     KeyReleaseResultSerializer,
     OutboxBulkInputSerializer,
+    OutboxDeliverySerializer,
     OutboxEventDetailSerializer,
     OutboxEventListSerializer,
     ReplayInputSerializer,
@@ -26,7 +27,8 @@ from console.api.permissions import view_permission
 from console.api.serializers import ActionInputSerializer, BulkResultSerializer
 from console.models import OperatorAction
 from console.operations import outbox_event_action, outbox_key_release_action
-from outbox.models import OutboxEvent, OutboxEventPermission
+from outbox.models import OutboxDelivery, OutboxEvent, OutboxEventPermission
+from outbox.selectors import outbox_event_delivered, outbox_events_with_delivery
 
 Action = OperatorAction.Action
 VIEW = [view_permission(OutboxEvent)]
@@ -40,9 +42,16 @@ class OutboxCursorPagination(ConsoleCursorPagination):
     ordering = "-created_at"
 
 
+class DeliveryAttemptPagination(ConsoleCursorPagination):
+    # Oldest first: the records of one event, in the order the relay wrote them.
+    ordering = "id"
+
+
 class OutboxEventViewSet(viewsets.ReadOnlyModelViewSet):
     """Outbox events: list (cursor-paginated, filtered), detail with the consumers' timeline,
-    and the operators' repairs, singly and in bulk."""
+    each event's delivery attempts, and the operators' repairs, singly and in bulk. Status,
+    attempts, last error, publication and discard are the event's delivery as users see it,
+    whichever relay sent it."""
 
     queryset = OutboxEvent.objects.all()
     filterset_class = OutboxEventFilter
@@ -50,6 +59,7 @@ class OutboxEventViewSet(viewsets.ReadOnlyModelViewSet):
     required_permissions = {
         "list": VIEW,
         "retrieve": VIEW,
+        "attempts": VIEW,
         "retry": [*VIEW, *RETRY],
         "bulk_retry": [*VIEW, *RETRY],
         "discard": [*VIEW, *DISCARD],
@@ -61,10 +71,12 @@ class OutboxEventViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self) -> QuerySet[OutboxEvent]:
         events = OutboxEvent.objects.all()
+        if self.action == "attempts":
+            return events.only("pk")  # only whether the event exists
         if self.action == "list":
             # Payloads can be large; a list never needs them.
             events = events.defer("payload", "headers")
-        return events
+        return outbox_events_with_delivery(events)
 
     def get_serializer_class(self) -> Any:
         return OutboxEventListSerializer if self.action == "list" else OutboxEventDetailSerializer
@@ -88,7 +100,25 @@ class OutboxEventViewSet(viewsets.ReadOnlyModelViewSet):
         event = outbox_event_action(
             user=request.user, event=self.get_object(), action=action_name, source="api", note=note
         )
-        return Response(OutboxEventDetailSerializer(event).data)
+        # Read again with its delivery: a repair of the claim relay refreshes only the row's
+        # columns, and a replay with a new event id returns a new row.
+        return Response(OutboxEventDetailSerializer(outbox_event_delivered(event_id=event.pk)).data)
+
+    @extend_schema(responses=OutboxDeliverySerializer(many=True))
+    @action(
+        detail=True,
+        methods=["get"],
+        pagination_class=DeliveryAttemptPagination,
+        filter_backends=[],
+    )
+    def attempts(self, request: Request, pk: str | None = None) -> Response:
+        """The event's delivery attempts, oldest first: each try's outcome (PUBLISHED, FAILED,
+        or DISCARDED by an operator), when, where it went and its error. Empty for an event
+        the claim relay sent: it keeps only the outcome, on the event."""
+        event = self.get_object()
+        records = OutboxDelivery.objects.filter(event_id=event.pk)
+        page = self.paginate_queryset(records)
+        return self.get_paginated_response(OutboxDeliverySerializer(page, many=True).data)
 
     @extend_schema(request=ActionInputSerializer, responses=OutboxEventDetailSerializer)
     @action(detail=True, methods=["post"])
@@ -119,7 +149,7 @@ class OutboxEventViewSet(viewsets.ReadOnlyModelViewSet):
                 action=action_name,
                 data=data,
                 filterset_class=OutboxEventFilter,
-                queryset=OutboxEvent.objects.all(),
+                queryset=outbox_events_with_delivery(OutboxEvent.objects.all()),
             )
         )
 
