@@ -18,8 +18,13 @@ from django.utils import timezone
 
 from console.consumer_lag import ConsumerLag
 from inbox.models import InboxMessage
-from outbox.models import OutboxEvent
-from outbox.selectors import outbox_oldest_pending_age_seconds
+from outbox.models import OutboxDelivery, OutboxEvent
+from outbox.selectors import (
+    outbox_last_published_at,
+    outbox_log_backlog,
+    outbox_log_done_count,
+    outbox_oldest_pending_age_seconds,
+)
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -57,7 +62,10 @@ class StatusCounts:
 
 def status_counts(model: type[Model]) -> StatusCounts:
     """Counts by status. PENDING and FAILED are counted exactly (the status index keeps them
-    cheap while they are few); DONE, usually nearly all rows, is estimated on big tables."""
+    cheap while they are few); DONE, usually nearly all rows, is estimated on big tables.
+    The outbox sent by the event-log relay is counted from that relay's records."""
+    if model is OutboxEvent and settings.OUTBOX_RELAY_LOG:
+        return _outbox_log_status_counts()
     table = model._meta.db_table
     manager = model._default_manager
     counts = {status: manager.filter(status=status).count() for status in ("PENDING", "FAILED")}
@@ -69,6 +77,25 @@ def status_counts(model: type[Model]) -> StatusCounts:
     return StatusCounts(counts=counts, done_estimated=False)
 
 
+def _outbox_log_status_counts() -> StatusCounts:
+    """The event-log relay leaves every row PENDING: PENDING is what is left to send (the
+    events after its cursors without an outcome, and the held events not spent), FAILED the
+    held heads whose attempts are spent. Both are read from the cursors' range of the txid
+    index and the small held set; DONE is counted only while both tables are small. Discarded
+    events are in none of the exact counts (the claim relay's FAILED includes its discarded
+    rows; this relay's is what waits for an operator, and its discarded events are found only
+    by reading the delivery table) but are in the DONE estimate."""
+    backlog = outbox_log_backlog()
+    counts = {"PENDING": backlog.unsent + backlog.held_waiting, "FAILED": backlog.held_spent}
+    estimate = table_row_estimate(OutboxEvent._meta.db_table)
+    records = table_row_estimate(OutboxDelivery._meta.db_table)
+    if max(estimate, records) > EXACT_DONE_COUNT_MAX_ROWS:
+        counts["DONE"] = max(0, estimate - counts["PENDING"] - counts["FAILED"])
+        return StatusCounts(counts=counts, done_estimated=True)
+    counts["DONE"] = outbox_log_done_count()
+    return StatusCounts(counts=counts, done_estimated=False)
+
+
 @dataclass(frozen=True)
 class RateSeries:
     labels: list[str]
@@ -76,15 +103,33 @@ class RateSeries:
     consumed: list[int]
 
 
-def _bucket_counts(table: str, column: str, *, since: datetime, bucket: str) -> dict[datetime, int]:
-    # Only the range of one index (published_at / processed_at) is read.
+def _bucket_counts(
+    table: str, column: str, *, since: datetime, bucket: str, also: str = ""
+) -> dict[datetime, int]:
+    # Only the range of one index (published_at / processed_at) is read; `also` is a further
+    # condition, a constant.
+    condition = f" AND {also}" if also else ""
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT date_bin(%s::interval, {column}, %s) AS bucket, count(*) "  # noqa: S608
-            f"FROM {table} WHERE {column} >= %s GROUP BY 1",
+            f"FROM {table} WHERE {column} >= %s{condition} GROUP BY 1",
             [bucket, since, since],
         )
         return {row[0]: row[1] for row in cursor.fetchall()}
+
+
+def _published_bucket_counts(*, since: datetime, bucket: str) -> dict[datetime, int]:
+    if not settings.OUTBOX_RELAY_LOG:
+        return _bucket_counts("outbox_event", "published_at", since=since, bucket=bucket)
+    # The event-log relay's publications are its PUBLISHED records, found through the BRIN
+    # index on their published_at (outbox_delivery_published_brin).
+    return _bucket_counts(
+        "outbox_delivery",
+        "published_at",
+        since=since,
+        bucket=bucket,
+        also="outcome = 'PUBLISHED'",
+    )
 
 
 def rate_series(*, period: timedelta, bucket: timedelta) -> RateSeries:
@@ -96,7 +141,7 @@ def rate_series(*, period: timedelta, bucket: timedelta) -> RateSeries:
     epoch = datetime(2000, 1, 1, tzinfo=now.tzinfo)
     start = epoch + bucket * ((start - epoch) // bucket)
     interval = f"{int(bucket.total_seconds())} seconds"
-    published = _bucket_counts("outbox_event", "published_at", since=start, bucket=interval)
+    published = _published_bucket_counts(since=start, bucket=interval)
     consumed = _bucket_counts("inbox_message", "processed_at", since=start, bucket=interval)
     slots = [start + bucket * index for index in range(buckets + 1)]
     label_format = "%H:%M" if bucket < timedelta(hours=1) else "%d %H:00"
@@ -115,15 +160,28 @@ FAILURE_SAMPLE_ROWS = 1000
 
 def failures_by_error_class(*, limit: int = 10) -> list[dict[str, Any]]:
     """FAILED rows by the class of their last error (the text before ':'), among the latest
-    FAILURE_SAMPLE_ROWS FAILED rows of the outbox and of the inbox that no operator discarded."""
+    FAILURE_SAMPLE_ROWS FAILED rows of the outbox and of the inbox that no operator discarded.
+    With the event-log relay, the outbox's FAILED rows are the held heads whose attempts are
+    spent, the latest held first."""
     error_class = "split_part(split_part(last_error, E'\\n', 1), ':', 1)"
+    # Composed of constants only.
+    if settings.OUTBOX_RELAY_LOG:
+        outbox_failed = (
+            f"SELECT 'outbox' AS side, {error_class} AS error_class "  # noqa: S608
+            "FROM outbox_held_event WHERE next_attempt_at IS NULL AND attempts > 0 "
+            "ORDER BY id DESC LIMIT %(sample)s"
+        )
+    else:
+        outbox_failed = (
+            f"SELECT 'outbox' AS side, {error_class} AS error_class FROM outbox_event "  # noqa: S608
+            "WHERE status = 'FAILED' AND discarded_at IS NULL "
+            "ORDER BY created_at DESC LIMIT %(sample)s"
+        )
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
             SELECT side, error_class, count(*) FROM (
-                (SELECT 'outbox' AS side, {error_class} AS error_class FROM outbox_event
-                 WHERE status = 'FAILED' AND discarded_at IS NULL
-                 ORDER BY created_at DESC LIMIT %(sample)s)
+                ({outbox_failed})
                 UNION ALL
                 (SELECT 'inbox', {error_class} FROM inbox_message
                  WHERE status = 'FAILED' AND discarded_at IS NULL
@@ -225,7 +283,7 @@ def health_parts(*, kafka: ConsumerLag, oldest_pending_age: float | None) -> lis
             "never ticked" if last_tick is None else f"last tick {int(tick_age or 0)} s ago",
         )
     )
-    last_success = OutboxEvent.objects.aggregate(last=Max("published_at"))["last"]
+    last_success = outbox_last_published_at()
     # The relay is healthy while nothing waits long, however long ago it last had work.
     colour = (
         GREEN

@@ -1,5 +1,6 @@
 import uuid
 
+from django.contrib.postgres.indexes import BrinIndex
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.db.models import Q
@@ -128,7 +129,21 @@ class OutboxDelivery(models.Model):
 
     class Meta:
         db_table = "outbox_delivery"
-        indexes = (models.Index(fields=("event_id",), name="outbox_delivery_event_idx"),)
+        indexes = (
+            models.Index(fields=("event_id",), name="outbox_delivery_event_idx"),
+            # The console's publish rates read the records of the last hour or day by
+            # published_at. The records are appended in about that order, so a BRIN index (one
+            # summary per 128 pages, 24 kB for 200,000 records) finds them. A B-tree would add
+            # a WAL record to every delivery record written (measured: about 55 bytes, a fifth
+            # more WAL per record), against the relay's WAL-per-event target; this adds none:
+            # the range being filled has no summary yet, and autosummarize summarizes it once
+            # it is full.
+            BrinIndex(
+                fields=("published_at",),
+                name="outbox_delivery_published_brin",
+                autosummarize=True,
+            ),
+        )
 
     def __str__(self) -> str:
         return f"{self.event_id} {self.outcome}"
