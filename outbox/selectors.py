@@ -17,6 +17,7 @@ from django.db.models import (
     Max,
     Min,
     OuterRef,
+    Q,
     QuerySet,
     Subquery,
     TextField,
@@ -372,3 +373,51 @@ def outbox_events_with_delivery(
 def outbox_event_delivered(*, event_id: uuid.UUID | str) -> "DeliveredEvent":
     """One event with its delivery as users see it (outbox_events_with_delivery)."""
     return outbox_events_with_delivery(OutboxEvent.objects.filter(pk=event_id)).get()
+
+
+# The admin's status filter offers this besides the statuses: events an operator discarded.
+DISCARDED = "discarded"
+
+
+def outbox_events_in_state(events: QuerySet, *, state: str) -> QuerySet:
+    """The events of `events` (annotated by outbox_events_with_delivery) whose delivery_status
+    is `state` (PENDING, DONE or FAILED; FAILED includes the discarded ones, as the event row's
+    status does), or with state "discarded", the ones an operator discarded.
+
+    The annotations are computed per row: filtered on them alone, a rare state would have
+    PostgreSQL compute them for every row of the table. So each state is narrowed first by a
+    condition it implies (the annotations decide among what is left):
+    - FAILED, rare and what operators look for, by the ids of the few events that can be
+      FAILED: the row's FAILED status (an index serves it), the held heads whose attempts are
+      spent, and the events with a DISCARDED record;
+    - discarded and PENDING by a cheap test per row (the row's column, or membership in the
+      held set or the DISCARDED records, each read once into a hash), as the list walks the
+      events newest first;
+    - DONE, the common state, fills a page at once and is not narrowed."""
+    status = OutboxEvent.Status
+    held = OutboxHeldEvent.objects.order_by().values("event_id")
+    discarded = (
+        OutboxDelivery.objects.filter(outcome=OutboxDelivery.Outcome.DISCARDED)
+        .order_by()
+        .values("event_id")
+    )
+    if state == DISCARDED:
+        return events.filter(
+            Q(discarded_at__isnull=False) | Q(pk__in=discarded),
+            delivery_discarded_at__isnull=False,
+        )
+    if state == status.FAILED:
+        failed_rows = OutboxEvent.objects.filter(status=status.FAILED).order_by().values("pk")
+        spent = held.filter(next_attempt_at__isnull=True, attempts__gt=0)
+        candidates = failed_rows.union(spent, discarded, all=True)
+        return events.filter(pk__in=candidates, delivery_status=state)
+    if state == status.PENDING:
+        return events.filter(Q(status=status.PENDING) | Q(pk__in=held), delivery_status=state)
+    return events.filter(delivery_status=state)
+
+
+def outbox_events_discarded(events: QuerySet, *, discarded: bool) -> QuerySet:
+    """The events of `events` (annotated) an operator discarded, or the others."""
+    if discarded:
+        return outbox_events_in_state(events, state=DISCARDED)
+    return events.filter(delivery_discarded_at__isnull=True)

@@ -35,12 +35,16 @@ from console.admin.base import (
     run_selected_action,
     status_badge,
 )
-from console.api.outbox.filters import DISCARDED, outbox_events_in_state
 from console.models import OperatorAction
 from console.operations import outbox_event_action, outbox_key_release_action
 from console.selectors import event_consumers
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxEventPermission, OutboxHeldEvent
-from outbox.selectors import outbox_event_delivered, outbox_events_with_delivery
+from outbox.selectors import (
+    DISCARDED,
+    outbox_event_delivered,
+    outbox_events_in_state,
+    outbox_events_with_delivery,
+)
 
 Action = OperatorAction.Action
 Status = OutboxEvent.Status
