@@ -4,7 +4,10 @@ and hands them back as plain Python values. It writes nothing: analytics/service
 the results in one database transaction, so a job that fails leaves no partial results.
 
 A window holds the outbox events created in [since, until); their inbox rows are included
-whenever they were received. An hour is the hour (UTC) in which the event was created.
+whenever they were received. An hour is the hour (UTC) in which the event was created. An
+event's status, attempts and publication are read as users see them, whichever relay sent it
+(the claim relay's row, or the event-log relay's delivery records and held events: see
+DELIVERY_JOIN_SQL).
 """
 
 import json
@@ -201,19 +204,97 @@ def _deadline_sql(config: JobConfig) -> str:
     return f"'{_sql_timestamp(config.as_of - config.consume_sla)}'::timestamp AT TIME ZONE 'UTC'"
 
 
+# An event's delivery as users see it, whichever relay sent it: the rule of
+# outbox.selectors.outbox_events_with_delivery, in SQL. The claim relay writes the outcome on
+# the event row. The event-log relay leaves the row PENDING and appends delivery records, one
+# per try (FAILED or PUBLISHED) and one per discard (DISCARDED), and holds the failed keys'
+# events: a held event is PENDING, or FAILED once its attempts are spent; otherwise the latest
+# PUBLISHED or DISCARDED record decides (DISCARDED is FAILED), and the latest PUBLISHED one
+# tells when and where the event went. An event with neither keeps its row's values, so one
+# job reads the history of before, during and after a switch of relay.
+#
+# Attempts are those of the event's latest delivery, as the claim relay counts them on the
+# row (a retry by an operator or a replay starts again from 0): a held event's own count, or
+# the tries since the final record before the latest one (plus the row's count when the
+# claim relay made the first of them, before a take-over). The console's delivery_attempts
+# counts every try of the event's life instead.
+#
+# The event's records are summed up in one probe of the delivery table's event_id index, in
+# the lateral join (`finals_from` counts the final records from each record on); the held
+# events are few, and hash joined.
+DELIVERY_JOIN_SQL = """
+LEFT JOIN outbox_held_event held ON held.event_id = event.id
+LEFT JOIN LATERAL (
+    SELECT
+        count(*) FILTER (WHERE record.final) AS finals,
+        (array_agg(record.outcome ORDER BY record.id DESC)
+            FILTER (WHERE record.final))[1] AS final_outcome,
+        (array_agg(record.published_at ORDER BY record.id DESC)
+            FILTER (WHERE record.outcome = 'PUBLISHED'))[1] AS published_at,
+        (array_agg(record.kafka_partition ORDER BY record.id DESC)
+            FILTER (WHERE record.outcome = 'PUBLISHED'))[1] AS kafka_partition,
+        (array_agg(record.kafka_offset ORDER BY record.id DESC)
+            FILTER (WHERE record.outcome = 'PUBLISHED'))[1] AS kafka_offset,
+        count(*) FILTER (WHERE record.tried AND record.finals_from <= 1) AS tries
+    FROM (
+        SELECT id, outcome, published_at, kafka_partition, kafka_offset,
+               outcome IN ('PUBLISHED', 'DISCARDED') AS final,
+               outcome IN ('PUBLISHED', 'FAILED') AS tried,
+               count(*) FILTER (WHERE outcome IN ('PUBLISHED', 'DISCARDED'))
+                   OVER (ORDER BY id DESC) AS finals_from
+        FROM outbox_delivery WHERE event_id = event.id
+    ) AS record
+) AS delivery ON true
+"""
+DELIVERY_STATUS_SQL = """
+CASE WHEN held.event_id IS NOT NULL THEN
+          CASE WHEN held.next_attempt_at IS NULL AND held.attempts > 0 THEN 'FAILED'
+               ELSE 'PENDING' END
+     WHEN delivery.final_outcome = 'PUBLISHED' THEN 'DONE'
+     WHEN delivery.final_outcome = 'DISCARDED' THEN 'FAILED'
+     ELSE event.status END
+"""
+DELIVERY_ATTEMPTS_SQL = """
+(CASE WHEN held.event_id IS NOT NULL THEN held.attempts
+      WHEN delivery.finals = 0 THEN event.attempts
+      ELSE delivery.tries
+           + CASE WHEN delivery.finals = 1 AND event.status <> 'DONE'
+                       AND event.discarded_at IS NULL THEN event.attempts ELSE 0 END
+ END)::integer
+"""
+
+
+def _outbox_sql(config: JobConfig) -> str:
+    """The window's outbox events, each with its delivery (status, attempts, published_at,
+    kafka_partition, kafka_offset) as users see it: a derived table that PostgreSQL pulls up
+    into the query that reads it, so a partitioned read's range of created_at reaches the
+    index on the events' created_at. `maybe_pending` is true for every PENDING event and
+    needs no delivery records: a filter on it spares the other events their probe."""
+    return (
+        "(SELECT event.id, event.topic, event.type, event.created_at, "  # noqa: S608
+        "(held.event_id IS NOT NULL OR event.status = 'PENDING') AS maybe_pending, "
+        f"{DELIVERY_STATUS_SQL} AS status, {DELIVERY_ATTEMPTS_SQL} AS attempts, "
+        "coalesce(delivery.published_at, event.published_at) AS published_at, "
+        "coalesce(delivery.kafka_partition, event.kafka_partition) AS kafka_partition, "
+        "coalesce(delivery.kafka_offset, event.kafka_offset) AS kafka_offset "
+        f"FROM outbox_event event {DELIVERY_JOIN_SQL}"
+        f"WHERE {_window_sql(config, 'event.created_at')})"
+    )
+
+
 def read_outbox(spark: "SparkSession", config: JobConfig) -> "DataFrame":
-    """The window's outbox rows, with their hour and publish lag computed by PostgreSQL, and
-    whether each is due to be consumed (DONE, published before the SLA's deadline) or stuck
-    (PENDING, created before it)."""
+    """The window's outbox events, with their delivery, hour and publish lag computed by
+    PostgreSQL, and whether each is due to be consumed (DONE, published before the SLA's
+    deadline) or stuck (PENDING, created before it)."""
     deadline = _deadline_sql(config)
     query = (
-        "SELECT id::text AS event_id, topic, type AS event_type, status, attempts, "  # noqa: S608
-        "created_at, published_at, kafka_partition, kafka_offset, "
-        f"{HOUR_SQL.format(column='created_at')} AS hour_epoch, "
-        f"{_seconds_sql('published_at', 'created_at')} AS publish_lag, "
-        f"(status = 'DONE' AND published_at <= {deadline})::int AS due, "
-        f"(status = 'PENDING' AND created_at <= {deadline})::int AS stuck "
-        f"FROM outbox_event WHERE {_window_sql(config, 'created_at')}"
+        "SELECT o.id::text AS event_id, o.topic, o.type AS event_type, o.status, "  # noqa: S608
+        "o.attempts, o.created_at, o.published_at, o.kafka_partition, o.kafka_offset, "
+        f"{HOUR_SQL.format(column='o.created_at')} AS hour_epoch, "
+        f"{_seconds_sql('o.published_at', 'o.created_at')} AS publish_lag, "
+        f"(o.status = 'DONE' AND o.published_at <= {deadline})::int AS due, "
+        f"(o.status = 'PENDING' AND o.created_at <= {deadline})::int AS stuck "
+        f"FROM {_outbox_sql(config)} AS o"
     )
     return _window_read(spark, config, query=query)
 
@@ -236,9 +317,8 @@ def read_received(spark: "SparkSession", config: JobConfig) -> "DataFrame":
         f"(o.status = 'DONE' AND o.published_at <= {_deadline_sql(config)} "
         f"AND i.received_at - o.published_at <= {_interval_sql(config.consume_sla)})::int "
         "AS recorded_in_time "
-        "FROM inbox_message i JOIN outbox_event o ON o.id::text = i.event_id "
-        f"WHERE {_window_sql(config, 'o.created_at')} "
-        f"AND i.received_at >= '{since}'::timestamp AT TIME ZONE 'UTC'"
+        f"FROM inbox_message i JOIN {_outbox_sql(config)} AS o ON o.id::text = i.event_id "
+        f"WHERE i.received_at >= '{since}'::timestamp AT TIME ZONE 'UTC'"
     )
     return _window_read(spark, config, query=query)
 
@@ -508,10 +588,10 @@ def reconcile_database(
 
     if counts["stuck"]:
         stuck_query = (
-            "SELECT id::text AS event_id, topic, type AS event_type, attempts, "  # noqa: S608
-            "created_at, published_at, kafka_partition FROM outbox_event "
-            f"WHERE status = 'PENDING' AND {_window_sql(config, 'created_at')} "
-            f"AND created_at <= {deadline}"
+            "SELECT o.id::text AS event_id, o.topic, o.type AS event_type, "  # noqa: S608
+            "o.attempts, o.created_at, o.published_at, o.kafka_partition "
+            f"FROM {_outbox_sql(config)} AS o "
+            f"WHERE o.maybe_pending AND o.status = 'PENDING' AND o.created_at <= {deadline}"
         )
         stuck = _window_read(spark, config, query=stuck_query).withColumn(
             "kafka_offsets", F.array().cast("array<bigint>")
@@ -560,11 +640,10 @@ def reconcile_database(
     not_consumed_query = (
         "SELECT o.id::text AS event_id, o.topic, o.type AS event_type, "  # noqa: S608
         "e.consumer_group, o.created_at, o.published_at, o.kafka_partition, o.kafka_offset, "
-        f"(SELECT i.received_at {recorded}) AS received_at FROM outbox_event o "
+        f"(SELECT i.received_at {recorded}) AS received_at FROM {_outbox_sql(config)} AS o "
         f"JOIN (VALUES {missing_sql}) AS e(topic, event_type, consumer_group) "
         "ON e.topic = o.topic AND e.event_type = o.type "
-        f"WHERE o.status = 'DONE' AND {_window_sql(config, 'o.created_at')} "
-        f"AND o.published_at <= {deadline} "
+        f"WHERE o.status = 'DONE' AND o.published_at <= {deadline} "
         f"AND NOT EXISTS (SELECT 1 {recorded} "
         f"AND i.received_at - o.published_at <= {_interval_sql(config.consume_sla)})"
     )

@@ -3,6 +3,10 @@
 `planted_history()` writes outbox and inbox rows (and, for DONE events, their Kafka records)
 and returns what the analytics job must find in them: every lag, every duplicate count and
 every planted problem, computed here in plain Python.
+
+The same history is written the way either relay leaves it: the claim relay's outcome on the
+event rows, or the event-log relay's delivery records and held events beside rows it never
+updates. What the job must find does not depend on the relay.
 """
 
 import random
@@ -15,12 +19,20 @@ from typing import Any
 from confluent_kafka import Producer
 
 from inbox.models import InboxMessage
-from outbox.models import OutboxEvent
+from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
+from outbox.services.event_log import shard_of
 from project.kafka import kafka_connection_config
 
 SLA = timedelta(minutes=5)
 TYPES_BY_TOPIC_ROLE = {"orders": ("order.created", "order.paid"), "users": ("user.signed_up",)}
 GROUPS_BY_TOPIC_ROLE = {"orders": ("billing", "shipping"), "users": ("audit",)}
+# How the history is delivered: by the claim relay (the default), or by the event-log relay
+# (settings.OUTBOX_RELAY_LOG), which took over from the claim relay within the window.
+CLAIM_RELAY = "claim"
+EVENT_LOG_RELAY = "event_log"
+RELAYS = (CLAIM_RELAY, EVENT_LOG_RELAY)
+# A replay goes out this long after the event's first publication.
+REPLAY_DELAY = timedelta(minutes=30)
 
 
 def history_start(*, now: datetime | None = None) -> datetime:
@@ -44,6 +56,12 @@ class History:
     relay: dict[tuple[datetime, str], dict[str, int]] = field(default_factory=dict)
     # (kind, event id, consumer group)
     findings: set[tuple[str, str, str]] = field(default_factory=set)
+    # event id -> (published_at, kafka_partition, kafka_offset) of its latest publication
+    placements: dict[str, tuple[datetime | None, int | None, int | None]] = field(
+        default_factory=dict
+    )
+    # event id -> its attempts, as the job must count them
+    attempts: dict[str, int] = field(default_factory=dict)
     kafka_records: int = 0
     outbox_rows: int = 0
     inbox_rows: int = 0
@@ -95,21 +113,112 @@ def _ms(rng: random.Random, low: int, high: int) -> timedelta:
     return timedelta(milliseconds=rng.randint(low, high))
 
 
-def planted_history(*, topics: dict[str, str], since: datetime, seed: int = 7) -> History:
+def delivery_record(
+    *,
+    event_id: str | uuid.UUID,
+    outcome: str,
+    at: datetime,
+    partition: int | None = None,
+    offset: int | None = None,
+    error: str = "",
+) -> OutboxDelivery:
+    """A delivery record as the event-log relay (or an operator's discard) appends it
+    (unsaved: records of one event are saved in the order they happened)."""
+    if outcome == OutboxDelivery.Outcome.FAILED and not error:
+        error = "no delivery report in time"
+    return OutboxDelivery(
+        event_id=event_id,
+        outcome=outcome,
+        published_at=at,
+        kafka_partition=partition,
+        kafka_offset=offset,
+        error=error,
+        relay="analytics-test" if outcome != OutboxDelivery.Outcome.DISCARDED else "operator",
+    )
+
+
+def held_event(
+    *,
+    event: OutboxEvent,
+    attempts: int = 0,
+    next_attempt_at: datetime | None = None,
+    last_error: str = "",
+) -> OutboxHeldEvent:
+    """An event the event-log relay holds (unsaved): a failed head waiting for its retry
+    (attempts > 0, next_attempt_at set), one whose attempts are spent (next_attempt_at None),
+    or one queued behind its key's head or replayed (attempts 0)."""
+    return OutboxHeldEvent(
+        event_id=event.id,
+        shard=shard_of(event.key),
+        topic=event.topic,
+        key=event.key,
+        transaction_id=0,
+        position=event.position if isinstance(event.position, int) else 0,
+        attempts=attempts,
+        next_attempt_at=next_attempt_at,
+        last_error=last_error,
+    )
+
+
+def failed_tries(*, event_id: str | uuid.UUID, count: int, after: datetime) -> list[OutboxDelivery]:
+    """`count` FAILED records, a second apart from `after` on."""
+    return [
+        delivery_record(
+            event_id=event_id,
+            outcome=OutboxDelivery.Outcome.FAILED,
+            at=after + timedelta(seconds=number),
+        )
+        for number in range(count)
+    ]
+
+
+@dataclass
+class _EventLog:
+    """How one event looks after the event-log relay took over: its row (as publish() wrote
+    it, or as the claim relay left it before the switch), its delivery records in order, and
+    its held row."""
+
+    records: list[OutboxDelivery] = field(default_factory=list)
+    held_attempts: int | None = None  # None: not held
+    held_next_attempt_at: datetime | None = None
+    # The claim relay delivered the event before the switch: its row is final.
+    claim_row: bool = False
+    # Otherwise the row as the event-log relay found it: never updated since publish(), or
+    # tried (and published) by the claim relay before the switch.
+    row_status: str = OutboxEvent.Status.PENDING
+    row_attempts: int = 0
+    row_placement: tuple[datetime | None, int | None, int | None] = (None, None, None)
+
+
+def planted_history(
+    *, topics: dict[str, str], since: datetime, seed: int = 7, relay: str = CLAIM_RELAY
+) -> History:
     """Writes two hours of history for the `orders` and `users` topics (committed: call with
-    database access outside a test transaction, Spark reads it over JDBC)."""
+    database access outside a test transaction, Spark reads it over JDBC), as `relay`
+    delivered it. With the event-log relay, some events went out through the claim relay
+    before the switch (rows DONE), some were tried by it and taken over, and the rest have
+    rows left PENDING forever, delivery records and held events."""
+    assert relay in RELAYS, relay
     rng = random.Random(seed)
     history = History(since=since, until=since + timedelta(hours=2), topics=topics)
     kafka = _Kafka()
     events: list[OutboxEvent] = []
+    logs: dict[str, _EventLog] = {}
     messages: list[InboxMessage] = []
-    relay: dict[tuple[datetime, str], dict[str, int]] = defaultdict(
-        lambda: {"events": 0, "published": 0, "pending": 0, "failed": 0, "retried": 0}
+    relay_counts: dict[tuple[datetime, str], dict[str, int]] = defaultdict(
+        lambda: {
+            "events": 0,
+            "published": 0,
+            "pending": 0,
+            "failed": 0,
+            "retried": 0,
+            "max_attempts": 0,
+        }
     )
 
     # Plain events, each with its problems planted by index.
     specs: list[dict[str, Any]] = []
-    for role, count in (("orders", 160), ("users", 60)):
+    for role, count in (("orders", 162), ("users", 61)):
         for index in range(count):
             specs.append({"role": role, "index": index})
     for spec in specs:
@@ -124,24 +233,56 @@ def planted_history(*, topics: dict[str, str], since: datetime, seed: int = 7) -
         hour = created.replace(minute=0, second=0, microsecond=0)
         status = OutboxEvent.Status.DONE
         attempts = 1
-        if role == "orders" and index in (3, 4):
-            status, attempts = OutboxEvent.Status.PENDING, 0  # stuck
+        discarded_at = None
+        log = logs[event_id] = _EventLog()
+        replayed = (role, index) in (("orders", 161), ("users", 60))
+        if role == "orders" and index == 3:
+            # Stuck: never tried (the event-log relay has not read it).
+            status, attempts = OutboxEvent.Status.PENDING, 0
+        elif role == "orders" and index == 4:
+            # Stuck: failed twice, waiting for its retry (the event-log relay holds its key).
+            status, attempts = OutboxEvent.Status.PENDING, 2
+            log.records = failed_tries(event_id=event_id, count=2, after=created)
+            log.held_attempts = 2
+            log.held_next_attempt_at = datetime.now(tz=UTC) + timedelta(hours=1)
         elif role == "orders" and index == 5:
+            # Attempts spent: FAILED (held for good by the event-log relay).
             status, attempts = OutboxEvent.Status.FAILED, 10
-        elif index % 17 == 0:
+            log.records = failed_tries(event_id=event_id, count=10, after=created)
+            log.held_attempts = 10
+        elif role == "orders" and index == 160:
+            # Attempts spent, then discarded by an operator: FAILED, kept for audit.
+            status, attempts = OutboxEvent.Status.FAILED, 10
+            discarded_at = created + timedelta(minutes=20)
+            log.records = [
+                *failed_tries(event_id=event_id, count=10, after=created),
+                delivery_record(
+                    event_id=event_id, outcome=OutboxDelivery.Outcome.DISCARDED, at=discarded_at
+                ),
+            ]
+        elif index % 17 == 0 and not replayed:
             attempts = 3  # retried by the relay, then published
-        counts = relay[(hour, topic)]
+            if index % 2:
+                # Tried twice by the claim relay, then taken over by the event-log relay.
+                log.row_attempts = 2
+            else:
+                log.records = failed_tries(event_id=event_id, count=2, after=created)
+        elif index % 4 == 0 and not replayed:
+            log.claim_row = True  # delivered by the claim relay before the switch
+        counts = relay_counts[(hour, topic)]
         counts["events"] += 1
         counts["published"] += status == OutboxEvent.Status.DONE
         counts["pending"] += status == OutboxEvent.Status.PENDING
         counts["failed"] += status == OutboxEvent.Status.FAILED
         counts["retried"] += attempts > 1
+        counts["max_attempts"] = max(counts["max_attempts"], attempts)
+        history.attempts[event_id] = attempts
         if status == OutboxEvent.Status.PENDING:
             history.findings.add(("stuck", event_id, ""))
-        published = None
+        published = received_from = None
         partition = offset = None
         if status == OutboxEvent.Status.DONE:
-            published = created + _ms(rng, 5, 3000)
+            published = received_from = created + _ms(rng, 5, 3000)
             if role == "orders" and index in (7, 8):
                 # Recorded DONE at an offset, but the record never reached the log.
                 partition, offset = 0, 0
@@ -153,9 +294,42 @@ def planted_history(*, topics: dict[str, str], since: datetime, seed: int = 7) -
                     history.findings.add(("resent", event_id, ""))
                 if role == "orders" and index == 12:
                     kafka.send_aborted(topic, key, event_id)  # no copy: not "re-sent"
+            log.records.append(
+                delivery_record(
+                    event_id=event_id,
+                    outcome=OutboxDelivery.Outcome.PUBLISHED,
+                    at=published,
+                    partition=partition,
+                    offset=offset,
+                )
+            )
+            if replayed:
+                # Replayed by an operator with its own id: published again, a second copy in
+                # the log; the event's row (claim relay) or its latest record (event-log relay)
+                # tells the second publication. Orders 161 went out through the event-log
+                # relay both times; users 60 through the claim relay, before the switch, and
+                # then through the event-log relay.
+                if role == "users":
+                    log.records = []
+                    log.row_status = OutboxEvent.Status.DONE
+                    log.row_attempts = 1
+                    log.row_placement = (published, partition, offset)
+                published = published + REPLAY_DELAY
+                partition, offset = kafka.send(topic, key, event_id)
+                log.records.append(
+                    delivery_record(
+                        event_id=event_id,
+                        outcome=OutboxDelivery.Outcome.PUBLISHED,
+                        at=published,
+                        partition=partition,
+                        offset=offset,
+                    )
+                )
+                history.findings.add(("resent", event_id, ""))
             history.lags[(hour, topic, event_type, "", "publish")].append(
                 (published - created).total_seconds()
             )
+        history.placements[event_id] = (published, partition, offset)
         events.append(
             OutboxEvent(
                 id=uuid.UUID(event_id),
@@ -171,10 +345,12 @@ def planted_history(*, topics: dict[str, str], since: datetime, seed: int = 7) -
                 published_at=published,
                 kafka_partition=partition,
                 kafka_offset=offset,
+                discarded_at=discarded_at,
             )
         )
-        if published is None:
+        if published is None or received_from is None:
             continue
+        # Consumers recorded the event's first publication (a replay is a duplicate).
         for group in GROUPS_BY_TOPIC_ROLE[role]:
             if role == "orders" and index in (20, 21) and group == "shipping":
                 history.findings.add(("not_consumed", event_id, group))
@@ -183,13 +359,13 @@ def planted_history(*, topics: dict[str, str], since: datetime, seed: int = 7) -
             if role == "users" and index == 30:
                 consume = SLA + timedelta(minutes=5)  # recorded, but after the SLA
                 history.findings.add(("not_consumed", event_id, group))
-            processed = published + consume
+            processed = received_from + consume
             duplicate_count = 0
             if index % 10 == 1:
                 duplicate_count = 1
             if index % 40 == 2:
                 duplicate_count = 3
-            if (role, index) in (("orders", 9), ("orders", 10), ("users", 11)):
+            if (role, index) in (("orders", 9), ("orders", 10), ("users", 11)) or replayed:
                 duplicate_count = max(duplicate_count, 1)
             messages.append(
                 InboxMessage(
@@ -201,13 +377,15 @@ def planted_history(*, topics: dict[str, str], since: datetime, seed: int = 7) -
                     event_type=event_type,
                     status=InboxMessage.Status.DONE,
                     attempts=1,
-                    published_at=published,
+                    published_at=received_from,
                     received_at=processed - timedelta(milliseconds=2),
                     processed_at=processed,
                     duplicate_count=duplicate_count,
                     last_duplicate_at=processed + timedelta(seconds=1) if duplicate_count else None,
                 )
             )
+            # The job measures the consume lag from the latest publication, as the outbox
+            # tells it (negative for a replayed event).
             history.lags[(hour, topic, event_type, group, "consume")].append(
                 (processed - published).total_seconds()
             )
@@ -240,10 +418,50 @@ def planted_history(*, topics: dict[str, str], since: datetime, seed: int = 7) -
         )
     )
 
+    if relay == EVENT_LOG_RELAY:
+        _rows_as_event_log(events, logs)
     OutboxEvent.objects.bulk_create(events)
+    if relay == EVENT_LOG_RELAY:
+        _event_log_write(events, logs)
     InboxMessage.objects.bulk_create(messages)
-    history.relay = dict(relay)
+    history.relay = dict(relay_counts)
     history.kafka_records = kafka.count
     history.outbox_rows = len(events) - 1
     history.inbox_rows = len(messages)
     return history
+
+
+def _rows_as_event_log(events: list[OutboxEvent], logs: dict[str, _EventLog]) -> None:
+    """The rows as the event-log relay leaves them: untouched since publish() (or since the
+    claim relay's last update before the switch)."""
+    for event in events:
+        log = logs.get(str(event.id))
+        if log is None or log.claim_row:
+            continue
+        event.status = log.row_status
+        event.attempts = log.row_attempts
+        event.published_at, event.kafka_partition, event.kafka_offset = log.row_placement
+        event.discarded_at = None
+
+
+def _event_log_write(events: list[OutboxEvent], logs: dict[str, _EventLog]) -> None:
+    """The event-log relay's delivery records (in the order they happened, event by event)
+    and held events."""
+    records: list[OutboxDelivery] = []
+    held: list[OutboxHeldEvent] = []
+    for event in events:
+        log = logs.get(str(event.id))
+        if log is None or log.claim_row:
+            continue
+        records += log.records
+        if log.held_attempts is not None:
+            held.append(
+                held_event(
+                    event=event,
+                    attempts=log.held_attempts,
+                    next_attempt_at=log.held_next_attempt_at,
+                    last_error=log.records[-1].error if log.records else "",
+                )
+            )
+    OutboxDelivery.objects.bulk_create(records)
+    OutboxHeldEvent.objects.bulk_create(held)

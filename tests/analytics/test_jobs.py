@@ -1,5 +1,7 @@
 """The job on a planted history: lags against numpy, exact counts, and every planted problem
-found with nothing else. The history and the run are made once (tests/analytics/conftest.py)."""
+found with nothing else. The history and the run are made once for each relay
+(tests/analytics/conftest.py): every test here runs on the history as the claim relay leaves
+it and again on the same history as the event-log relay leaves it, against the same figures."""
 
 import math
 from typing import Any
@@ -7,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 from django.conf import settings
+from django.db.models import Count
 
 from analytics.models import (
     AnalyticsRun,
@@ -15,7 +18,8 @@ from analytics.models import (
     ReconciliationFinding,
     RelayStat,
 )
-from tests.analytics.factories import History
+from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
+from tests.analytics.factories import EVENT_LOG_RELAY, History
 
 pytestmark = [pytest.mark.django_db, pytest.mark.kafka]
 
@@ -106,6 +110,55 @@ def test_reconciliation_finds_every_planted_problem_and_nothing_else(
     assert kinds == set(ReconciliationFinding.Kind.values)
     for kind in ReconciliationFinding.Kind.values:
         assert run.summary[kind] == sum(1 for k, _, _ in history.findings if k == kind)
+
+
+def test_the_history_is_written_the_way_its_relay_leaves_it(
+    planted: tuple[History, AnalyticsRun], relay: str
+) -> None:
+    """The event-log history must not be the claim relay's in disguise: its rows stay PENDING
+    (but for those the claim relay delivered before the switch), and the outcomes are in the
+    delivery records and held events."""
+    history, _ = planted
+    rows = OutboxEvent.objects.filter(created_at__gte=history.since, created_at__lt=history.until)
+    outcomes = set(OutboxDelivery.objects.values_list("outcome", flat=True))
+    if relay != EVENT_LOG_RELAY:
+        assert not outcomes
+        assert not OutboxHeldEvent.objects.exists()
+        assert rows.filter(status=OutboxEvent.Status.DONE).count() > history.outbox_rows / 2
+        return
+    assert outcomes == set(OutboxDelivery.Outcome.values)
+    assert not rows.filter(status=OutboxEvent.Status.FAILED).exists()
+    assert not rows.filter(discarded_at__isnull=False).exists()
+    pending = rows.filter(status=OutboxEvent.Status.PENDING, published_at__isnull=True)
+    assert pending.count() > history.outbox_rows / 2
+    assert rows.filter(status=OutboxEvent.Status.DONE).exists()  # before the switch
+    assert OutboxHeldEvent.objects.filter(attempts__gt=0, next_attempt_at__isnull=True).exists()
+    assert OutboxHeldEvent.objects.filter(next_attempt_at__isnull=False).exists()
+    replayed = (
+        OutboxDelivery.objects.filter(outcome=OutboxDelivery.Outcome.PUBLISHED)
+        .values("event_id")
+        .annotate(count=Count("id"))
+        .filter(count=2)
+    )
+    assert replayed.exists()
+
+
+def test_findings_tell_each_event_s_latest_publication_and_attempts(
+    planted: tuple[History, AnalyticsRun],
+) -> None:
+    history, run = planted
+    findings = list(ReconciliationFinding.objects.filter(run=run))
+    assert findings
+    for finding in findings:
+        published_at, partition, offset = history.placements[finding.event_id]
+        assert finding.published_at == published_at, finding.kind
+        if finding.kind == "stuck":
+            assert f"after {history.attempts[finding.event_id]} attempt(s)" in finding.detail
+        elif finding.kind == "resent":
+            assert f"the outbox recorded offset {offset}" in finding.detail
+            assert offset in finding.kafka_offsets
+        else:
+            assert (finding.kafka_partition, finding.kafka_offsets) == (partition, [offset])
 
 
 def test_a_resent_finding_names_every_offset(planted: tuple[History, AnalyticsRun]) -> None:
