@@ -213,7 +213,7 @@ class LogRelay:
             if cursor.until_tick_id is not None:
                 until: Tick | None = self._tick(cursor.until_tick_id)
             else:
-                until = tick_latest_after(tick_id=cursor.tick_id) or tick_take()
+                until = tick_latest_after(tick_id=cursor.tick_id) or tick_take(after=since)
                 if until is None:
                     return cursor, False
                 self.ticks = {since.id: since, until.id: until}
