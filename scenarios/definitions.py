@@ -20,7 +20,7 @@ from django.db import connection
 from outbox.models import OutboxDelivery, OutboxEvent
 from outbox.selectors import outbox_events_with_delivery
 from scenarios import faults
-from scenarios.runner import PARTITIONS, Managed, Run, Scenario
+from scenarios.runner import CLAIM_RELAY, LOG_RELAY, PARTITIONS, Managed, Run, Scenario
 
 # Wait after a broker restart, so every round starts from a healthy cluster.
 HEALTHY_WAIT_SECONDS = 120.0
@@ -756,7 +756,7 @@ SCENARIOS: dict[str, Scenario] = {
             production_seconds=50,
             planned_faults=3,
             after=_check_long_snapshot,
-            log_relay=True,
+            relay=LOG_RELAY,
         ),
         Scenario(
             "hot-keys",
@@ -766,7 +766,7 @@ SCENARIOS: dict[str, Scenario] = {
             _hot_key_relay_kills,
             production_seconds=40,
             planned_faults=5,
-            log_relay=True,
+            relay=LOG_RELAY,
             keys=4,
         ),
         Scenario(
@@ -778,7 +778,7 @@ SCENARIOS: dict[str, Scenario] = {
             production_seconds=45,
             planned_faults=8,
             after=_check_takeovers,
-            log_relay=True,
+            relay=LOG_RELAY,
         ),
         Scenario(
             "broken-consumer-commit-first",
@@ -799,6 +799,7 @@ SCENARIOS: dict[str, Scenario] = {
             production_seconds=5,
             expect_fail=True,
             stall_seconds=20,
+            relay=CLAIM_RELAY,
         ),
         Scenario(
             "broken-log-relay-cursor-first",
@@ -809,7 +810,7 @@ SCENARIOS: dict[str, Scenario] = {
             production_seconds=5,
             expect_fail=True,
             stall_seconds=20,
-            log_relay=True,
+            relay=LOG_RELAY,
         ),
         Scenario(
             "broken-no-dedup",

@@ -114,6 +114,10 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+# The relays a scenario may run.
+CLAIM_RELAY, LOG_RELAY = "claim", "log"
+
+
 @dataclass
 class Killed:
     """One SIGKILL of a process's whole group: who was in it, who the signal missed (alive,
@@ -339,8 +343,10 @@ class Run:
 
     def __init__(self, scenario: "Scenario", *, events: int, keys: int, seed: int | None) -> None:
         self.scenario = scenario
-        # The scenario's own choice, or scenario_run --log-relay's for every scenario.
-        self.log_relay = scenario.log_relay or os.environ.get("OUTBOX_RELAY_LOG") == "true"
+        # The scenario's own relay, or the settings' (which scenario_run --relay sets).
+        self.log_relay = scenario.relay == LOG_RELAY or (
+            scenario.relay != CLAIM_RELAY and settings.OUTBOX_RELAY_LOG
+        )
         self.events = events
         self.keys = keys
         self.random = random.Random(seed)
@@ -385,8 +391,7 @@ class Run:
         }
         for name in ("OUTBOX_FAULT_INJECTION", "INBOX_FAULT_INJECT", "TEST_DATABASE_NAME"):
             env.pop(name, None)
-        if self.log_relay:
-            env["OUTBOX_RELAY_LOG"] = "true"
+        env["OUTBOX_RELAY_LOG"] = "true" if self.log_relay else "false"
         env.update(extra)
         return env
 
@@ -910,8 +915,9 @@ class Scenario:
     after: Callable[[Run], None] = lambda run: None
     # Delivery is given up as incomplete when nothing moved for this long.
     stall_seconds: float = 150.0
-    # Runs the event-log relay (OUTBOX_RELAY_LOG=true in every process it starts).
-    log_relay: bool = False
+    # The relay it runs (OUTBOX_RELAY_LOG in every process it starts): CLAIM_RELAY, LOG_RELAY,
+    # or "" for the settings' default.
+    relay: str = ""
     # The events' keys, when the scenario is about them (0: the runner's --keys).
     keys: int = 0
 

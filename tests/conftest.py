@@ -57,6 +57,13 @@ def _event_log_afresh_for_transactional_tests(
         event_log_start_afresh()
 
 
+@pytest.fixture
+def claim_relay(settings: Any) -> None:
+    """The claim relay instead of the default event-log relay: for the tests of the claim
+    relay, and of the console on the event rows it writes."""
+    settings.OUTBOX_RELAY_LOG = False
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = []
     database = settings.DATABASES["default"]

@@ -7,9 +7,9 @@ OUTBOX_TOPIC_TEMPLATE = env("OUTBOX_TOPIC_TEMPLATE", default="outbox.event.{aggr
 # Under Kafka's default 1 MB record limit (message.max.bytes), leaving room for headers.
 OUTBOX_MAX_PAYLOAD_BYTES = env.int("OUTBOX_MAX_PAYLOAD_BYTES", default=900 * 1024)
 
-# The event-log relay (docs/outbox.md, not yet for production) instead of the claim relay, in
-# beat's task and in outbox_relay (whose --log flag also selects it).
-OUTBOX_RELAY_LOG = env.bool("OUTBOX_RELAY_LOG", default=False)
+# The event-log relay (docs/outbox.md) in beat's task and in outbox_relay; false runs the claim
+# relay, for a database not yet taken over from it (manage.py outbox_log_take_over).
+OUTBOX_RELAY_LOG = env.bool("OUTBOX_RELAY_LOG", default=True)
 # Beat runs the relay this often; a relay run loops while it finds full batches.
 OUTBOX_RELAY_INTERVAL = env.float("OUTBOX_RELAY_INTERVAL", default=1.0)
 OUTBOX_BATCH_SIZE = env.int("OUTBOX_BATCH_SIZE", default=1000)

@@ -28,6 +28,7 @@ def kafka_unreachable(settings):
     settings.CONSOLE_CONSUMER_GROUPS = ["billing"]
 
 
+@pytest.mark.usefixtures("claim_relay")
 def test_dashboard_shows_counts_failures_keys_and_health(
     operator, make_event, make_message, kafka_unreachable
 ):
@@ -195,6 +196,7 @@ def _post_action(client, url, action, ids):
         ("replay_same_id", "DONE", "outbox.replay_outboxevent", lambda e: e.status == "PENDING"),
     ],
 )
+@pytest.mark.usefixtures("claim_relay")
 def test_outbox_actions_need_their_permission_and_are_audited(
     make_user, make_event, action, status, permission, check
 ):
@@ -263,6 +265,7 @@ def test_a_refused_transition_is_a_message_not_an_error_page(operator, make_even
     assert "replay it instead" in response.content.decode()
 
 
+@pytest.mark.usefixtures("claim_relay")
 def test_retry_matching_counts_confirms_and_freezes_the_ids(
     operator, make_event, settings, monkeypatch, django_capture_on_commit_callbacks
 ):
@@ -313,6 +316,7 @@ def test_retry_matching_needs_the_retry_permission(viewer):
     assert logged_in(viewer).get(f"{EVENTS}retry-matching/").status_code == 403
 
 
+@pytest.mark.usefixtures("claim_relay")
 def test_release_key_confirms_then_releases(operator, make_event):
     blocked = make_event(OutboxEvent.Status.FAILED, key="order-5")
     waiting = make_event(OutboxEvent.Status.PENDING, key="order-5")

@@ -82,6 +82,7 @@ def test_a_user_without_the_view_permission_gets_403(make_user):
         ("replay/", OutboxEvent.Status.DONE, "outbox.replay_outboxevent", {"new_event_id": False}),
     ],
 )
+@pytest.mark.usefixtures("claim_relay")
 def test_each_outbox_action_needs_its_own_permission(
     make_user, make_event, url_suffix, status, permission, body
 ):
@@ -109,6 +110,7 @@ def test_each_outbox_action_needs_its_own_permission(
     assert entry.object_ids[0] == str(event.pk)
 
 
+@pytest.mark.usefixtures("claim_relay")
 def test_retry_puts_a_failed_event_back_to_pending(operator, make_event):
     event = make_event(OutboxEvent.Status.FAILED)
     response = client_for(operator).post(f"{EVENTS}{event.pk}/retry/", {}, format="json")
@@ -174,6 +176,7 @@ def test_list_filters_by_discard_and_publication_time(viewer, make_event):
     assert ids(published_before=since) == {str(old.pk)}
 
 
+@pytest.mark.usefixtures("claim_relay")
 def test_an_actions_response_reports_the_delivery(operator, make_event):
     event = make_event(OutboxEvent.Status.FAILED)
     body = client_for(operator).post(f"{EVENTS}{event.pk}/discard/", {}, format="json").json()
@@ -251,6 +254,7 @@ def test_bulk_dry_run_counts_and_changes_nothing(operator, make_event):
     assert not OperatorAction.objects.exists()
 
 
+@pytest.mark.usefixtures("claim_relay")
 def test_bulk_retry_by_filter_changes_the_rows_and_is_audited(operator, make_event):
     for _ in range(3):
         make_event(OutboxEvent.Status.FAILED, topic="console.payments")
@@ -270,6 +274,7 @@ def test_bulk_retry_by_filter_changes_the_rows_and_is_audited(operator, make_eve
     assert entry.note == "broker fixed"
 
 
+@pytest.mark.usefixtures("claim_relay")
 def test_bulk_discard_by_ids(operator, make_event):
     events = [make_event(OutboxEvent.Status.FAILED) for _ in range(2)]
     response = client_for(operator).post(
@@ -345,6 +350,7 @@ def test_throttling_answers_429_in_json(operator, make_event, settings):
     assert responses[-1].json()["message"]
 
 
+@pytest.mark.usefixtures("claim_relay")
 def test_release_key(operator, make_event):
     blocked = make_event(OutboxEvent.Status.FAILED, key="order-7", topic="console.orders")
     response = client_for(operator).post(
@@ -467,6 +473,7 @@ def test_inbox_bulk_discard_by_filter_touches_only_failed_rows(operator, make_me
 # --- stats and docs ---------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("claim_relay")
 def test_stats_summary(viewer, make_event, make_message):
     make_event(OutboxEvent.Status.FAILED, error="MSG_SIZE_TOO_LARGE: Broker: Message too large")
     make_event(OutboxEvent.Status.DONE)
@@ -542,6 +549,7 @@ def _action_target(name, make_event, make_message):
     return (f"{MESSAGES}bulk/{verb}/" if "bulk" in name else f"{MESSAGES}{message.pk}/{verb}/"), {}
 
 
+@pytest.mark.usefixtures("claim_relay")
 @pytest.mark.parametrize(("name", "permission", "body"), ACTION_MATRIX)
 def test_every_action_endpoint_needs_its_own_permission(
     api, make_user, make_event, make_message, name, permission, body

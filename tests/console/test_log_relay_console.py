@@ -385,6 +385,7 @@ def test_admin_detail_errors_are_escaped(viewer, settings, make_event):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
 
 
+@pytest.mark.usefixtures("claim_relay")
 @pytest.mark.django_db
 def test_admin_detail_with_the_claim_relay_says_there_is_no_attempt_record(viewer, make_event):
     event = make_event(OutboxEvent.Status.FAILED, error=TIMED_OUT)

@@ -78,6 +78,7 @@ def _failed_events(topic: str, count: int) -> list[OutboxEvent]:
     return events
 
 
+@pytest.mark.usefixtures("claim_relay")
 @pytest.mark.django_db(transaction=True)
 def test_an_operator_retries_failed_events_from_the_browser(live_server, browser, kafka_topic):
     from django.core.cache import cache

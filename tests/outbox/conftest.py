@@ -84,6 +84,8 @@ def subprocess_environment(**extra: str) -> dict[str, str]:
         "DATABASE_URL": url,
         "KAFKA_BOOTSTRAP_SERVERS": settings.KAFKA_BOOTSTRAP_SERVERS,
         "OUTBOX_NUDGE_ON_COMMIT": "false",
+        # The relay the test runs in-process (the claim_relay fixture switches to the claim one).
+        "OUTBOX_RELAY_LOG": "true" if settings.OUTBOX_RELAY_LOG else "false",
         **extra,
     }
 

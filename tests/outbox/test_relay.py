@@ -25,7 +25,11 @@ from tests.outbox.conftest import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.kafka,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("claim_relay"),
+]
 
 
 def assert_order_per_key(messages) -> None:

@@ -18,7 +18,7 @@ from outbox.services.repairs import (
     outbox_key_release,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("claim_relay")]
 
 
 def publish(aggregate_id: str = "A", **changes) -> OutboxEvent:

@@ -20,7 +20,14 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from scenarios import faults
 from scenarios.definitions import SCENARIOS, SUITE, Scenario, pick
-from scenarios.runner import DEFAULT_KEYS, ScenarioResult, prepare_database, run_scenario
+from scenarios.runner import (
+    CLAIM_RELAY,
+    DEFAULT_KEYS,
+    LOG_RELAY,
+    ScenarioResult,
+    prepare_database,
+    run_scenario,
+)
 
 COLUMNS = (
     ("scenario", 28),
@@ -92,10 +99,10 @@ class Command(BaseCommand):
         parser.add_argument("--json", help="Also write the results to this file.")
         parser.add_argument("--list", action="store_true", help="List the scenarios and exit.")
         parser.add_argument(
-            "--log-relay",
-            action="store_true",
-            help="Run the event-log relay (OUTBOX_RELAY_LOG=true in every process it starts) "
-            "instead of the claim relay.",
+            "--relay",
+            choices=(CLAIM_RELAY, LOG_RELAY),
+            help="The relay of the scenarios that do not name theirs (OUTBOX_RELAY_LOG in every "
+            "process it starts); by default the settings' (the event-log relay).",
         )
         parser.add_argument(
             "--keep-services",
@@ -114,9 +121,11 @@ class Command(BaseCommand):
             scenarios = pick(options["names"] or SUITE)
         except KeyError as error:
             raise CommandError(str(error)) from error
-        if options["log_relay"]:
-            # Read by the relays and beat workers it starts, which inherit its environment.
-            os.environ["OUTBOX_RELAY_LOG"] = "true"
+        if options["relay"]:
+            # Read by this process once it runs again below, and by the relays and beat
+            # workers it starts, which inherit its environment.
+            settings.OUTBOX_RELAY_LOG = options["relay"] == LOG_RELAY
+            os.environ["OUTBOX_RELAY_LOG"] = "true" if settings.OUTBOX_RELAY_LOG else "false"
         # Before this process's settings are fixed (the re-run below): the ports may move.
         faults.claim_ports()
         if not faults.is_isolated():
