@@ -302,6 +302,7 @@ class DeliveryAnnotations(TypedDict):
     delivery_discarded_at: datetime | None
     delivery_attempts: int
     delivery_error: str
+    delivery_next_attempt_at: datetime | None
     delivered_at: datetime | None
     delivered_partition: int | None
     delivered_offset: int | None
@@ -317,8 +318,9 @@ def outbox_events_with_delivery(
     """The events of `queryset` with their delivery as users see it, whichever relay sent
     them: `delivery_status` (PENDING, DONE or FAILED), `delivery_discarded_at`,
     `delivery_attempts` (tries that ended in a delivery report), `delivery_error` (the last
-    one's), and where the latest publication went: `delivered_at`, `delivered_partition`,
-    `delivered_offset`.
+    one's), `delivery_next_attempt_at` (when it is tried next; none once its attempts are
+    spent or it is delivered), and where the latest publication went: `delivered_at`,
+    `delivered_partition`, `delivered_offset`.
 
     The claim relay writes its outcome on the event row. The event-log relay never touches
     the row: a held event is PENDING, or FAILED once its attempts are spent; otherwise the
@@ -361,6 +363,12 @@ def outbox_events_with_delivery(
             Subquery(records.filter(outcome=outcome.FAILED).order_by("-id").values("error")[:1]),
             F("last_error"),
             output_field=TextField(),
+        ),
+        delivery_next_attempt_at=Case(
+            When(held=True, then=Subquery(held.values("next_attempt_at")[:1])),
+            When(final_outcome__isnull=False, then=None),
+            When(status=status.PENDING, then=F("next_attempt_at")),
+            default=None,
         ),
         delivered_at=Coalesce(Subquery(published.values("published_at")[:1]), "published_at"),
         delivered_partition=Coalesce(

@@ -123,6 +123,22 @@ def test_api_shows_the_delivery_of_each_state(viewer, log_relay_events):
     for name in ("waiting", "pending"):
         row = rows[str(log_relay_events[name].pk)]
         assert (row["status"], row["attempts"], row["published_at"]) == ("PENDING", 0, None)
+    # When each is tried next: never once delivered, discarded or spent; a held head when its
+    # backoff ends; an event not read yet as soon as the relay reads it.
+    assert [
+        rows[str(log_relay_events[name].pk)]["next_attempt_at"]
+        for name in ("done", "failed", "discarded", "waiting")
+    ] == [None, None, None, None]
+    assert rows[str(log_relay_events["pending"].pk)]["next_attempt_at"] is not None
+    backing_off = timezone.now() + timedelta(minutes=5)
+    OutboxHeldEvent.objects.filter(event_id=log_relay_events["failed"].pk).update(
+        next_attempt_at=backing_off
+    )
+    retried = client.get(f"{API}{log_relay_events['failed'].pk}/").json()
+    assert (retried["status"], retried["next_attempt_at"]) == (
+        "PENDING",
+        backing_off.isoformat().replace("+00:00", "Z"),
+    )
 
     detail = client.get(f"{API}{log_relay_events['done'].pk}/").json()
     assert (detail["status"], detail["kafka_partition"], detail["kafka_offset"]) == ("DONE", 2, 77)

@@ -56,6 +56,13 @@ class OutboxEventListSerializer(serializers.ModelSerializer):
     discarded_at = serializers.DateTimeField(
         source="delivery_discarded_at", read_only=True, allow_null=True
     )
+    next_attempt_at = serializers.DateTimeField(
+        source="delivery_next_attempt_at",
+        read_only=True,
+        allow_null=True,
+        help_text="When the relay tries it next; null once delivered, discarded, or when its "
+        "attempts are spent (an operator retries or discards it).",
+    )
 
     class Meta:
         model = OutboxEvent
