@@ -497,15 +497,17 @@ class CpuMeter:
 
 
 def clear_outbox() -> None:
-    """Empties the outbox tables (events, and the event-log relay's deliveries and held
-    events), so that each run starts on an empty table without dead tuples and neither
-    relay finds the other's events."""
+    """Empties the outbox and starts the event log afresh (deliveries, held events, ticks and
+    cursors), so that each run starts on an empty table without dead tuples, neither relay
+    finds the other's events, and either may start (each refuses a database the other has
+    been sending)."""
     from django.db import connection
 
-    present = set(connection.introspection.table_names())
-    tables = [t for t in ("outbox_event", "outbox_delivery", "outbox_held_event") if t in present]
+    from outbox.services.event_log import event_log_start_afresh
+
     with connection.cursor() as cursor:
-        cursor.execute(f"TRUNCATE {', '.join(tables)}")
+        cursor.execute("TRUNCATE outbox_event")
+    event_log_start_afresh()
 
 
 def dead_tuples(table: str = "outbox_event") -> int:
@@ -740,6 +742,8 @@ def measure_snapshot_run(
     if relay == LOG:
         command.append("--log")
     output = RELAY_OUTPUT_DIR / f"{relay}-{'held' if held else 'free'}-{keys}-keys.log"
+    # The relay is chosen here, whatever the settings' default.
+    environment = {**environment, "OUTBOX_RELAY_LOG": "true" if relay == LOG else "false"}
     process = start(command, environment, output)
     holder = None
     try:
