@@ -99,16 +99,7 @@ def outbox_event_replay(*, event: OutboxEvent, new_event_id: bool) -> OutboxEven
             f"{event.status}: retry it instead."
         )
     if new_event_id:
-        with transaction.atomic():
-            return outbox_event_publish(
-                aggregate_type=event.aggregate_type,
-                aggregate_id=event.aggregate_id,
-                event_type=event.event_type,
-                payload=event.payload,
-                topic=event.topic,
-                key=event.key,
-                headers={**event.headers, REPLAY_OF_HEADER: str(event.id)},
-            )
+        return _replay_as_new_event(event)
     previous = (
         f"replayed by an operator; previously published to partition {event.kafka_partition} "
         f"at offset {event.kafka_offset} on {event.published_at}"
@@ -153,6 +144,20 @@ def outbox_key_release(*, topic: str, key: str) -> int:
     return discarded + made_due
 
 
+def _replay_as_new_event(event: OutboxEvent) -> OutboxEvent:
+    """A new event with the payload of `event`; the header `replay_of` names the original."""
+    with transaction.atomic():
+        return outbox_event_publish(
+            aggregate_type=event.aggregate_type,
+            aggregate_id=event.aggregate_id,
+            event_type=event.event_type,
+            payload=event.payload,
+            topic=event.topic,
+            key=event.key,
+            headers={**event.headers, REPLAY_OF_HEADER: str(event.id)},
+        )
+
+
 def _held_event_retry(event: OutboxEvent) -> OutboxEvent:
     if event_log.held_events_retry(event_ids=[event.id]):
         return outbox_event_delivered(event_id=event.id)
@@ -185,16 +190,7 @@ def _held_event_replay(event: OutboxEvent, *, new_event_id: bool) -> OutboxEvent
             f"{current.delivery_status}: retry it instead."
         )
     if new_event_id:
-        with transaction.atomic():
-            return outbox_event_publish(
-                aggregate_type=event.aggregate_type,
-                aggregate_id=event.aggregate_id,
-                event_type=event.event_type,
-                payload=event.payload,
-                topic=event.topic,
-                key=event.key,
-                headers={**event.headers, REPLAY_OF_HEADER: str(event.id)},
-            )
+        return _replay_as_new_event(event)
     if not event_log.held_event_replay(event_id=event.id, topic=event.topic, key=event.key):
         raise IllegalTransition(f"Event {event.id} changed meanwhile; nothing to replay.")
     return outbox_event_delivered(event_id=event.id)
