@@ -64,6 +64,44 @@ def claim_relay(settings: Any) -> None:
     settings.OUTBOX_RELAY_LOG = False
 
 
+# A record over the producer's message.max.bytes as size_limited_log_relay sets it.
+TOO_LARGE = "x" * 5000
+
+
+@pytest.fixture
+def size_limited_log_relay(settings: Any) -> Iterator[Any]:
+    """An event-log relay whose producer refuses records over 4,000 bytes (TOO_LARGE), with
+    two attempts a minute apart: failed keys to hold, retry, discard and count."""
+    from outbox.log_relay import LogRelay
+    from outbox.producer import close_producers
+
+    settings.OUTBOX_RELAY_LOG = True
+    settings.OUTBOX_MAX_ATTEMPTS = 2
+    settings.OUTBOX_RETRY_BASE_SECONDS = 60
+    settings.OUTBOX_PRODUCER_CONFIG = {"message.max.bytes": "4000"}
+    close_producers()
+    relay = LogRelay()
+    yield relay
+    relay.close()
+    close_producers()
+
+
+def publish_numbered(topic: str, key: str, seq: int, *, too_large: bool = False) -> Any:
+    """Publishes event number `seq` of `key`, TOO_LARGE for size_limited_log_relay if asked."""
+    from django.db import transaction
+
+    import outbox
+
+    with transaction.atomic():
+        return outbox.publish(
+            aggregate_type="order",
+            aggregate_id=key,
+            event_type="E",
+            payload={"seq": seq, "filler": TOO_LARGE if too_large else ""},
+            topic=topic,
+        )
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = []
     database = settings.DATABASES["default"]

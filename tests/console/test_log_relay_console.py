@@ -8,27 +8,24 @@ last ones drive a real LogRelay against Kafka and read the pages of its own reco
 
 import json
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-import outbox
 from console.models import OperatorAction
-from outbox.log_relay import LogRelay
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
 from outbox.producer import close_producers
 from outbox.services.event_log import shard_of
+from tests.conftest import publish_numbered
 from tests.console.conftest import VIEW_PERMISSIONS, client_for
 from tests.outbox.conftest import consume_all
 
 ADMIN = "/admin/outbox/outboxevent/"
 API = "/api/outbox/events/"
-TOO_LARGE = "x" * 5000  # over the producer's message.max.bytes set by the relay fixture
 
 
 def logged_in(user) -> Client:
@@ -482,44 +479,20 @@ def test_release_key_counts_the_held_events(operator, log_relay_events):
 # --- a real relay -----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def relay(settings) -> Iterator[LogRelay]:
-    settings.OUTBOX_RELAY_LOG = True
-    settings.OUTBOX_MAX_ATTEMPTS = 2
-    settings.OUTBOX_RETRY_BASE_SECONDS = 60
-    settings.OUTBOX_PRODUCER_CONFIG = {"message.max.bytes": "4000"}
-    close_producers()
-    made = LogRelay()
-    yield made
-    made.close()
-    close_producers()
-
-
-def publish(topic: str, key: str, seq: int, *, too_large: bool = False) -> OutboxEvent:
-    with transaction.atomic():
-        return outbox.publish(
-            aggregate_type="order",
-            aggregate_id=key,
-            event_type="E",
-            payload={"seq": seq, "filler": TOO_LARGE if too_large else ""},
-            topic=topic,
-        )
-
-
 @pytest.mark.kafka
 @pytest.mark.django_db(transaction=True)
 def test_the_pages_show_what_a_real_relay_recorded(
-    kafka_topic, kafka_consumer_config, relay, settings, make_user
+    kafka_topic, kafka_consumer_config, size_limited_log_relay, settings, make_user
 ):
     user = make_user(*VIEW_PERMISSIONS, "outbox.retry_outboxevent", "outbox.discard_outboxevent")
     api, admin = client_for(user), logged_in(user)
     topic = kafka_topic()
-    sent = publish(topic, "a", 0)
-    head = publish(topic, "b", 0, too_large=True)
-    behind = publish(topic, "b", 1)
-    relay.run()
+    sent = publish_numbered(topic, "a", 0)
+    head = publish_numbered(topic, "b", 0, too_large=True)
+    behind = publish_numbered(topic, "b", 1)
+    size_limited_log_relay.run()
     OutboxHeldEvent.objects.filter(attempts__gt=0).update(next_attempt_at=timezone.now())
-    relay.run()  # the head's second and last attempt
+    size_limited_log_relay.run()  # the head's second and last attempt
 
     [message] = consume_all(kafka_consumer_config, topic, expected=1)
     rows = {row["id"]: row for row in api.get(API, {"topic": topic}).json()["results"]}
@@ -536,7 +509,7 @@ def test_the_pages_show_what_a_real_relay_recorded(
     attempts = api.get(f"{API}{head.pk}/attempts/").json()["results"]
     assert [row["outcome"] for row in attempts] == ["FAILED", "FAILED"]
     assert all("MSG_SIZE_TOO_LARGE" in row["error"] for row in attempts)
-    assert [row["relay"] for row in attempts] == [relay.relay_id] * 2
+    assert [row["relay"] for row in attempts] == [size_limited_log_relay.relay_id] * 2
 
     html = admin.get(ADMIN, {"status__exact": "FAILED", "topic": topic}).content.decode()
     assert str(head.pk) in html
@@ -555,7 +528,7 @@ def test_the_pages_show_what_a_real_relay_recorded(
     retried = api.post(f"{API}{head.pk}/retry/", {}, format="json")
     assert retried.status_code == 200, retried.json()
     assert retried.json()["status"] == "PENDING"
-    relay.run()
+    size_limited_log_relay.run()
     assert not OutboxHeldEvent.objects.exists()
     attempts = api.get(f"{API}{head.pk}/attempts/").json()["results"]
     assert [row["outcome"] for row in attempts] == ["FAILED", "FAILED", "PUBLISHED"]
@@ -567,20 +540,22 @@ def test_the_pages_show_what_a_real_relay_recorded(
 
 @pytest.mark.kafka
 @pytest.mark.django_db(transaction=True)
-def test_an_admin_discard_of_a_real_failed_head_lets_its_key_go_on(kafka_topic, relay, make_user):
+def test_an_admin_discard_of_a_real_failed_head_lets_its_key_go_on(
+    kafka_topic, size_limited_log_relay, make_user
+):
     user = make_user(*VIEW_PERMISSIONS, "outbox.discard_outboxevent")
     admin = logged_in(user)
     topic = kafka_topic()
-    head = publish(topic, "c", 0, too_large=True)
-    behind = publish(topic, "c", 1)
-    relay.run()
+    head = publish_numbered(topic, "c", 0, too_large=True)
+    behind = publish_numbered(topic, "c", 1)
+    size_limited_log_relay.run()
     OutboxHeldEvent.objects.filter(attempts__gt=0).update(next_attempt_at=timezone.now())
-    relay.run()
+    size_limited_log_relay.run()
 
     response = admin.post(f"{ADMIN}{head.pk}/discard/", follow=True)
     assert f"Discard: event {head.pk} is FAILED (discarded)." in response.content.decode()
     assert not OutboxHeldEvent.objects.filter(event_id=head.pk).exists()
-    assert relay.run().published == 1
+    assert size_limited_log_relay.run().published == 1
     outcomes = list(
         OutboxDelivery.objects.filter(event_id=head.pk).order_by("id").values_list("outcome")
     )

@@ -5,16 +5,13 @@ and held set, never the event row (which that relay leaves PENDING).
 Most tests write what the relay writes (tests.outbox.test_selectors.log_relay_mix); the last
 one runs a real LogRelay against Kafka and reads the counts before and after."""
 
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from django.db import transaction
 from django.test import Client
 from django.utils import timezone
 
 import console.selectors
-import outbox
 from console.consumer_lag import ConsumerLag
 from console.selectors import (
     failures_by_error_class,
@@ -23,11 +20,11 @@ from console.selectors import (
     status_counts,
 )
 from inbox.models import InboxMessage
-from outbox.log_relay import LogRelay
 from outbox.models import OutboxEvent, OutboxHeldEvent
 from outbox.producer import close_producers
 from outbox.selectors import outbox_oldest_pending_age_seconds, outbox_quarantined_keys
 from outbox.services.repairs import outbox_event_discard, outbox_event_retry
+from tests.conftest import publish_numbered
 from tests.console.conftest import client_for
 from tests.outbox.test_selectors import TIMED_OUT, TOO_BIG, hold, log_event, log_relay_mix, record
 
@@ -168,33 +165,6 @@ def test_metrics_stats_and_dashboard_show_the_log_relay_counts(log_relay_on, vie
 
 # --- with a real relay ------------------------------------------------------------------------
 
-TOO_LARGE = "x" * 5000  # over the producer's message.max.bytes set by the relay fixture
-
-
-@pytest.fixture
-def relay(settings) -> Iterator[LogRelay]:
-    settings.OUTBOX_RELAY_LOG = True
-    settings.OUTBOX_MAX_ATTEMPTS = 2
-    settings.OUTBOX_RETRY_BASE_SECONDS = 60
-    settings.OUTBOX_PRODUCER_CONFIG = {"message.max.bytes": "4000"}
-    settings.CONSOLE_DASHBOARD_CACHE_SECONDS = 0
-    close_producers()
-    made = LogRelay()
-    yield made
-    made.close()
-    close_producers()
-
-
-def publish(topic: str, key: str, seq: int, *, too_large: bool = False) -> OutboxEvent:
-    with transaction.atomic():
-        return outbox.publish(
-            aggregate_type="order",
-            aggregate_id=key,
-            event_type="E",
-            payload={"seq": seq, "filler": TOO_LARGE if too_large else ""},
-            topic=topic,
-        )
-
 
 def counts() -> dict[str, int]:
     return status_counts(OutboxEvent).counts
@@ -210,19 +180,19 @@ def held_keys() -> list[tuple[str, str, int, int]]:
 
 @pytest.mark.kafka
 @pytest.mark.django_db(transaction=True)
-def test_the_counts_follow_a_real_relay(kafka_topic, relay, settings):
+def test_the_counts_follow_a_real_relay(kafka_topic, size_limited_log_relay, settings):
     topic = kafka_topic()
     for seq in range(3):
-        publish(topic, "fine", seq)
-    big = publish(topic, "big", 0, too_large=True)
-    publish(topic, "big", 1)
-    other_big = publish(topic, "other-big", 0, too_large=True)
+        publish_numbered(topic, "fine", seq)
+    big = publish_numbered(topic, "big", 0, too_large=True)
+    publish_numbered(topic, "big", 1)
+    other_big = publish_numbered(topic, "other-big", 0, too_large=True)
     assert counts() == {"PENDING": 6, "FAILED": 0, "DONE": 0}
     assert outbox_oldest_pending_age_seconds() is not None
     assert relay_health().startswith("never published")
     assert held_keys() == []
 
-    result = relay.run()
+    result = size_limited_log_relay.run()
 
     assert (result.published, result.failed) == (3, 2)
     # The two big heads back off, and one event waits behind the first.
@@ -233,7 +203,7 @@ def test_the_counts_follow_a_real_relay(kafka_topic, relay, settings):
     assert failures_by_error_class() == []  # nothing is spent yet
 
     OutboxHeldEvent.objects.filter(attempts__gt=0).update(next_attempt_at=timezone.now())
-    assert relay.run().failed == 2
+    assert size_limited_log_relay.run().failed == 2
 
     # Attempts spent: both heads wait for an operator; the event behind one waits too.
     assert counts() == {"PENDING": 1, "FAILED": 2, "DONE": 3}
@@ -242,7 +212,7 @@ def test_the_counts_follow_a_real_relay(kafka_topic, relay, settings):
     assert (failures["side"], failures["count"]) == ("outbox", 2)
     assert "MSG_SIZE_TOO_LARGE" in failures["error_class"]
     # An event written now is after the relay's cursor: unsent, and PENDING.
-    publish(topic, "fine", 3)
+    publish_numbered(topic, "fine", 3)
     assert counts() == {"PENDING": 2, "FAILED": 2, "DONE": 3}
 
     settings.OUTBOX_PRODUCER_CONFIG = {}
@@ -250,7 +220,7 @@ def test_the_counts_follow_a_real_relay(kafka_topic, relay, settings):
     outbox_event_discard(event=other_big)
     outbox_event_retry(event=big)
     assert counts() == {"PENDING": 3, "FAILED": 0, "DONE": 3}
-    assert relay.run().published == 3  # big, the one behind it, late
+    assert size_limited_log_relay.run().published == 3  # big, the one behind it, late
 
     # The discarded event is in none of the exact counts.
     assert counts() == {"PENDING": 0, "FAILED": 0, "DONE": 6}

@@ -2,13 +2,10 @@
 held set and the delivery records, and the relay sends what they let go, in order per key."""
 
 import uuid
-from collections.abc import Iterator
 
 import pytest
-from django.db import transaction
 from django.utils import timezone
 
-import outbox
 from outbox.errors import IllegalTransition
 from outbox.log_relay import LogRelay
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
@@ -22,35 +19,10 @@ from outbox.services.repairs import (
     outbox_events_retry,
     outbox_key_release,
 )
+from tests.conftest import publish_numbered
 from tests.outbox.conftest import consume_all, headers_of, payload_of
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
-
-TOO_LARGE = "x" * 5000  # over the producer's message.max.bytes set below
-
-
-@pytest.fixture
-def relay(settings) -> Iterator[LogRelay]:
-    settings.OUTBOX_RELAY_LOG = True
-    settings.OUTBOX_MAX_ATTEMPTS = 2
-    settings.OUTBOX_RETRY_BASE_SECONDS = 60
-    settings.OUTBOX_PRODUCER_CONFIG = {"message.max.bytes": "4000"}
-    close_producers()
-    made = LogRelay()
-    yield made
-    made.close()
-    close_producers()
-
-
-def publish(topic: str, key: str, seq: int, *, too_large: bool = False) -> OutboxEvent:
-    with transaction.atomic():
-        return outbox.publish(
-            aggregate_type="order",
-            aggregate_id=key,
-            event_type="E",
-            payload={"seq": seq, "filler": TOO_LARGE if too_large else ""},
-            topic=topic,
-        )
 
 
 def spend_attempts(relay: LogRelay) -> None:
@@ -79,14 +51,14 @@ def status(event: OutboxEvent) -> tuple[str, bool]:
 
 
 def test_retry_sends_a_spent_head_then_its_key_and_discard_lets_the_key_go_on(
-    kafka_topic, kafka_consumer_config, relay, settings
+    kafka_topic, kafka_consumer_config, size_limited_log_relay, settings
 ):
     topic = kafka_topic()
-    a0 = publish(topic, "a", 0, too_large=True)
-    a1, a2 = publish(topic, "a", 1), publish(topic, "a", 2)
-    b0 = publish(topic, "b", 0, too_large=True)
-    b1 = publish(topic, "b", 1)
-    spend_attempts(relay)
+    a0 = publish_numbered(topic, "a", 0, too_large=True)
+    a1, a2 = publish_numbered(topic, "a", 1), publish_numbered(topic, "a", 2)
+    b0 = publish_numbered(topic, "b", 0, too_large=True)
+    b1 = publish_numbered(topic, "b", 1)
+    spend_attempts(size_limited_log_relay)
 
     assert [status(e) for e in (a0, a1, a2, b0, b1)] == [
         ("FAILED", False),
@@ -108,12 +80,14 @@ def test_retry_sends_a_spent_head_then_its_key_and_discard_lets_the_key_go_on(
         "FAILED",
         True,
     )
-    assert relay.run().published == 2  # a1, a2: a0's attempts are spent, it is let go
+    assert (
+        size_limited_log_relay.run().published == 2
+    )  # a1, a2: a0's attempts are spent, it is let go
     assert status(b1) == ("PENDING", False)  # b waits behind its own head
     lift_size_limit(settings)
     retried = outbox_event_retry(event=b0)
     assert retried.delivery_status == "PENDING"
-    assert relay.run().published == 2
+    assert size_limited_log_relay.run().published == 2
 
     assert [status(e) for e in (a0, a1, a2, b0, b1)] == [
         ("FAILED", True),
@@ -136,11 +110,13 @@ def test_retry_sends_a_spent_head_then_its_key_and_discard_lets_the_key_go_on(
     assert not OutboxHeldEvent.objects.exists()
 
 
-def test_bulk_retry_and_discard_change_only_the_events_they_may(kafka_topic, relay):
+def test_bulk_retry_and_discard_change_only_the_events_they_may(
+    kafka_topic, size_limited_log_relay
+):
     topic = kafka_topic()
-    heads = [publish(topic, key, 0, too_large=True) for key in ("a", "b", "c")]
-    waiting = publish(topic, "a", 1)
-    spend_attempts(relay)
+    heads = [publish_numbered(topic, key, 0, too_large=True) for key in ("a", "b", "c")]
+    waiting = publish_numbered(topic, "a", 1)
+    spend_attempts(size_limited_log_relay)
     unknown = uuid.uuid4()
 
     assert outbox_events_discard(event_ids=[heads[0].id, waiting.id, unknown]) == 1
@@ -151,21 +127,21 @@ def test_bulk_retry_and_discard_change_only_the_events_they_may(kafka_topic, rel
 
 
 def test_release_discards_a_spent_head_and_makes_a_backing_off_one_due(
-    kafka_topic, kafka_consumer_config, relay, settings
+    kafka_topic, kafka_consumer_config, size_limited_log_relay, settings
 ):
     topic = kafka_topic()
-    spent = publish(topic, "spent", 0, too_large=True)
-    publish(topic, "spent", 1)
-    spend_attempts(relay)
-    backing_off = publish(topic, "backing-off", 0, too_large=True)
-    publish(topic, "backing-off", 1)
-    relay.run()
+    spent = publish_numbered(topic, "spent", 0, too_large=True)
+    publish_numbered(topic, "spent", 1)
+    spend_attempts(size_limited_log_relay)
+    backing_off = publish_numbered(topic, "backing-off", 0, too_large=True)
+    publish_numbered(topic, "backing-off", 1)
+    size_limited_log_relay.run()
     assert OutboxHeldEvent.objects.get(event_id=backing_off.id).next_attempt_at > timezone.now()
 
     assert outbox_key_release(topic=topic, key="spent") == 1
     assert outbox_key_release(topic=topic, key="backing-off") == 1
     lift_size_limit(settings)
-    relay.run()
+    size_limited_log_relay.run()
 
     assert status(spent) == ("FAILED", True)
     assert status(backing_off) == ("DONE", False)
@@ -177,24 +153,24 @@ def test_release_discards_a_spent_head_and_makes_a_backing_off_one_due(
 
 
 def test_replay_sends_a_published_event_again_after_its_key_and_a_discarded_one_with_a_new_id(
-    kafka_topic, kafka_consumer_config, relay, settings
+    kafka_topic, kafka_consumer_config, size_limited_log_relay, settings
 ):
     topic = kafka_topic()
-    discarded = publish(topic, "d", 0, too_large=True)
-    spend_attempts(relay)
+    discarded = publish_numbered(topic, "d", 0, too_large=True)
+    spend_attempts(size_limited_log_relay)
     outbox_event_discard(event=discarded)
     lift_size_limit(settings)
-    first = publish(topic, "k", 0)
-    relay.run()
+    first = publish_numbered(topic, "k", 0)
+    size_limited_log_relay.run()
     with pytest.raises(IllegalTransition, match="Only published or discarded"):
-        outbox_event_replay(event=publish(topic, "k", 1), new_event_id=False)
+        outbox_event_replay(event=publish_numbered(topic, "k", 1), new_event_id=False)
 
     replayed = outbox_event_replay(event=first, new_event_id=False)
     assert replayed.delivery_status == "PENDING"
     with pytest.raises(IllegalTransition, match="Only published or discarded"):
         outbox_event_replay(event=first, new_event_id=False)  # queued already
     copy = outbox_event_replay(event=discarded, new_event_id=True)
-    relay.run()
+    size_limited_log_relay.run()
 
     messages = consume_all(kafka_consumer_config, topic, expected=4)
     assert seqs_by_key(messages) == {"k": [0, 1, 0], "d": [0]}
