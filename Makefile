@@ -41,9 +41,10 @@ bench-analytics: venv services-up spark-jars
 
 # One inbox consumer process: 100k events of 1 KB on 6 partitions, rates on new events, on
 # duplicates and of a naive per-message-commit consumer. BENCH_INBOX_ARGS="--events 20000".
-# Outbox: raw SQL drain, raw producer, relay (plain and transactional), publish lag under
-# load; in the database <dev db>_bench, recreated each run. BENCH_OUTBOX_ARGS=--compare-relays:
-# the claim and event-log relays side by side (key skew, a held snapshot, WAL per event).
+# Outbox (about 15 minutes): raw producer and relay rates, publish lag under load, then the
+# targets of issue 22: key skew, a held snapshot, WAL per event, one key; in the database
+# <dev db>_bench, recreated each run. BENCH_OUTBOX_ARGS="--only skew --only wal" runs parts;
+# `benchmarks/outbox_bench.py --help` gives the size options for a short run.
 .PHONY: bench-outbox
 bench-outbox: venv services-up
 	$(BIN)/python benchmarks/outbox_bench.py $(BENCH_OUTBOX_ARGS)

@@ -5,9 +5,9 @@ the results in one database transaction, so a job that fails leaves no partial r
 
 A window holds the outbox events created in [since, until); their inbox rows are included
 whenever they were received. An hour is the hour (UTC) in which the event was created. An
-event's status, attempts and publication are read as users see them, whichever relay sent it
-(the claim relay's row, or the event-log relay's delivery records and held events: see
-DELIVERY_JOIN_SQL).
+event's status, attempts and publication are read as users see them, from its delivery records
+and held event (the event row is written once and says nothing of its delivery): see
+DELIVERY_JOIN_SQL.
 """
 
 import json
@@ -204,20 +204,16 @@ def _deadline_sql(config: JobConfig) -> str:
     return f"'{_sql_timestamp(config.as_of - config.consume_sla)}'::timestamp AT TIME ZONE 'UTC'"
 
 
-# An event's delivery as users see it, whichever relay sent it: the rule of
-# outbox.selectors.outbox_events_with_delivery, in SQL. The claim relay writes the outcome on
-# the event row. The event-log relay leaves the row PENDING and appends delivery records, one
-# per try (FAILED or PUBLISHED) and one per discard (DISCARDED), and holds the failed keys'
-# events: a held event is PENDING, or FAILED once its attempts are spent; otherwise the latest
-# PUBLISHED or DISCARDED record decides (DISCARDED is FAILED), and the latest PUBLISHED one
-# tells when and where the event went. An event with neither keeps its row's values, so one
-# job reads the history of before, during and after a switch of relay.
+# An event's delivery as users see it: the rule of outbox.selectors.outbox_events_with_delivery,
+# in SQL. The relay never updates the event row: it appends delivery records, one per try
+# (FAILED or PUBLISHED) and one per discard (DISCARDED), and holds the failed keys' events. A
+# held event is PENDING, or FAILED once its attempts are spent; otherwise the latest PUBLISHED
+# or DISCARDED record decides (DISCARDED is FAILED), and the latest PUBLISHED one tells when
+# and where the event went. An event with neither is PENDING: the relay has not sent it yet.
 #
-# Attempts are those of the event's latest delivery, as the claim relay counts them on the
-# row (a retry by an operator or a replay starts again from 0): a held event's own count, or
-# the tries since the final record before the latest one (plus the row's count when the
-# claim relay made the first of them, before a take-over). The console's delivery_attempts
-# counts every try of the event's life instead.
+# Attempts are those of the event's latest delivery (a replay starts again from 0): a held
+# event's own count, or the tries since the final record before the latest one. The console's
+# delivery_attempts counts every try of the event's life instead.
 #
 # The event's records are summed up in one probe of the delivery table's event_id index, in
 # the lateral join (`finals_from` counts the final records from each record on); the held
@@ -226,7 +222,6 @@ DELIVERY_JOIN_SQL = """
 LEFT JOIN outbox_held_event held ON held.event_id = event.id
 LEFT JOIN LATERAL (
     SELECT
-        count(*) FILTER (WHERE record.final) AS finals,
         (array_agg(record.outcome ORDER BY record.id DESC)
             FILTER (WHERE record.final))[1] AS final_outcome,
         (array_agg(record.published_at ORDER BY record.id DESC)
@@ -252,16 +247,32 @@ CASE WHEN held.event_id IS NOT NULL THEN
                ELSE 'PENDING' END
      WHEN delivery.final_outcome = 'PUBLISHED' THEN 'DONE'
      WHEN delivery.final_outcome = 'DISCARDED' THEN 'FAILED'
-     ELSE event.status END
+     ELSE 'PENDING' END
 """
 DELIVERY_ATTEMPTS_SQL = """
-(CASE WHEN held.event_id IS NOT NULL THEN held.attempts
-      WHEN delivery.finals = 0 THEN event.attempts
-      ELSE delivery.tries
-           + CASE WHEN delivery.finals = 1 AND event.status <> 'DONE'
-                       AND event.discarded_at IS NULL THEN event.attempts ELSE 0 END
- END)::integer
+(CASE WHEN held.event_id IS NOT NULL THEN held.attempts ELSE delivery.tries END)::integer
 """
+# The xmin of the snapshot of the relay's oldest current cursor (the latest cursor row of each
+# shard; outbox.selectors.outbox_log_cursor_snapshot reads the same): every event committed
+# before it is delivered, held or discarded, so an event that is PENDING and not held has a
+# transaction id at or after it. Read once per statement (an InitPlan); null with no cursor.
+CURSOR_XMIN_SQL = """
+(SELECT pg_snapshot_xmin(tick.snapshot) FROM outbox_tick AS tick
+ WHERE tick.id = (
+     SELECT min(latest.tick_id)
+     FROM (SELECT DISTINCT unnest(shards) AS shard FROM outbox_relay_cursor) AS shard
+     CROSS JOIN LATERAL (
+         SELECT cursor.tick_id FROM outbox_relay_cursor AS cursor
+         WHERE shard.shard = ANY(cursor.shards) ORDER BY cursor.id DESC LIMIT 1
+     ) AS latest
+ ))
+"""
+# True for every PENDING event, from the event row and the held set alone (no delivery
+# records): held, or committed after the cursors (or, with no cursor or no transaction id,
+# not known to be past them).
+MAYBE_PENDING_SQL = (
+    f"(held.event_id IS NOT NULL OR coalesce(event.txid >= {CURSOR_XMIN_SQL.strip()}, true))"
+)
 
 
 def _outbox_sql(config: JobConfig) -> str:
@@ -269,14 +280,13 @@ def _outbox_sql(config: JobConfig) -> str:
     kafka_partition, kafka_offset) as users see it: a derived table that PostgreSQL pulls up
     into the query that reads it, so a partitioned read's range of created_at reaches the
     index on the events' created_at. `maybe_pending` is true for every PENDING event and
-    needs no delivery records: a filter on it spares the other events their probe."""
+    needs no delivery records (MAYBE_PENDING_SQL): a filter on it spares the other events
+    their probe."""
     return (
         "(SELECT event.id, event.topic, event.type, event.created_at, "  # noqa: S608
-        "(held.event_id IS NOT NULL OR event.status = 'PENDING') AS maybe_pending, "
+        f"{MAYBE_PENDING_SQL} AS maybe_pending, "
         f"{DELIVERY_STATUS_SQL} AS status, {DELIVERY_ATTEMPTS_SQL} AS attempts, "
-        "coalesce(delivery.published_at, event.published_at) AS published_at, "
-        "coalesce(delivery.kafka_partition, event.kafka_partition) AS kafka_partition, "
-        "coalesce(delivery.kafka_offset, event.kafka_offset) AS kafka_offset "
+        "delivery.published_at, delivery.kafka_partition, delivery.kafka_offset "
         f"FROM outbox_event event {DELIVERY_JOIN_SQL}"
         f"WHERE {_window_sql(config, 'event.created_at')})"
     )

@@ -38,31 +38,66 @@ EVENT_TYPES = 8
 # Every topic is read by group-a; even topics by group-b too: 1.5 inbox rows per event.
 GROUPS = ("group-a", "group-b")
 
-OUTBOX_SQL = """
+# The events as publish() writes them, and what the relay writes of them: every 2,000th
+# event unsent (after the relay's cursors), the next one FAILED (ten failed tries, held with
+# its attempts spent), the others PUBLISHED, every 50th after two failed tries.
+EVENTS_SQL = """
 INSERT INTO outbox_event (
-    id, aggregatetype, aggregateid, type, payload, headers, topic, key, status, attempts,
-    next_attempt_at, last_error, created_at, published_at, kafka_partition, kafka_offset,
-    updated_at, locked_by
+    id, aggregatetype, aggregateid, type, payload, headers, topic, key, created_at
 )
 SELECT
     md5('bench-' || g)::uuid, 'order', 'agg-' || mod(g, 10000), 'type.' || mod(g, %(types)s),
     '{}'::jsonb, '{}'::jsonb, 'bench.topic.' || mod(mod(g, %(types)s), %(topics)s),
-    'agg-' || mod(g, 10000),
-    CASE WHEN mod(g, 2000) = 0 THEN 'PENDING' WHEN mod(g, 2000) = 1 THEN 'FAILED' ELSE 'DONE' END,
-    CASE WHEN mod(g, 2000) = 0 THEN 0 WHEN mod(g, 2000) = 1 THEN 10
-        WHEN mod(g, 50) = 0 THEN 3 ELSE 1 END,
-    created, '', created,
-    CASE WHEN mod(g, 2000) > 1
-        -- log-normal publish lag: median 50 ms, long tail
-        THEN created + make_interval(secs => exp(ln(0.05)
-            + 0.9 * sqrt(-2 * ln(1 - random())) * cos(2 * pi() * random())))
-    END,
-    mod(g, 6), g / 6, created, ''
+    'agg-' || mod(g, 10000), created
 FROM (
     SELECT g, %(start)s::timestamptz
         + make_interval(secs => (g::float8 / %(events)s) * %(seconds)s) AS created
     FROM generate_series(0, %(events)s - 1) AS g
 ) AS s
+"""
+
+DELIVERIES_SQL = """
+INSERT INTO outbox_delivery (
+    event_id, outcome, published_at, kafka_partition, kafka_offset, error, relay
+)
+SELECT md5('bench-' || g)::uuid, outcome, at, partition, "offset", error, 'bench'
+FROM (
+    SELECT g, created, try, try_count,
+        CASE WHEN mod(g, 2000) > 1 AND try = try_count THEN 'PUBLISHED' ELSE 'FAILED' END
+            AS outcome,
+        CASE WHEN mod(g, 2000) > 1 AND try = try_count
+            -- log-normal publish lag: median 50 ms, long tail
+            THEN created + make_interval(secs => exp(ln(0.05)
+                + 0.9 * sqrt(-2 * ln(1 - random())) * cos(2 * pi() * random())))
+            ELSE created + make_interval(secs => try)
+        END AS at,
+        CASE WHEN mod(g, 2000) > 1 AND try = try_count THEN mod(g, 6) END AS partition,
+        CASE WHEN mod(g, 2000) > 1 AND try = try_count THEN g / 6 END AS "offset",
+        CASE WHEN mod(g, 2000) > 1 AND try = try_count THEN ''
+            ELSE 'MSG_TIMED_OUT: Local: Message timed out' END AS error
+    FROM (
+        SELECT g, %(start)s::timestamptz
+            + make_interval(secs => (g::float8 / %(events)s) * %(seconds)s) AS created,
+            CASE WHEN mod(g, 2000) = 0 THEN 0 WHEN mod(g, 2000) = 1 THEN 10
+                WHEN mod(g, 50) = 0 THEN 3 ELSE 1 END AS try_count
+        FROM generate_series(0, %(events)s - 1) AS g
+    ) AS events
+    CROSS JOIN LATERAL generate_series(1, try_count) AS try
+    -- in the order the relay writes them: an event's tries one after the other
+    ORDER BY g, try
+) AS tries
+"""
+
+HELD_SQL = """
+INSERT INTO outbox_held_event (
+    event_id, shard, topic, key, transaction_id, position, attempts, next_attempt_at,
+    last_error, held_at
+)
+SELECT id, mod(hashtext(key) & 2147483647, 16), topic, key, txid::text::bigint, position, 10,
+    NULL, 'MSG_TIMED_OUT: Local: Message timed out', created_at
+FROM outbox_event
+WHERE id IN (SELECT md5('bench-' || g)::uuid
+             FROM generate_series(1, %(events)s - 1, 2000) AS g)
 """
 
 INBOX_SQL = """
@@ -80,16 +115,16 @@ SELECT
     CASE WHEN chance < 0.001 THEN 2 WHEN chance < 0.01 THEN 1 ELSE 0 END,
     CASE WHEN chance < 0.01 THEN processed END
 FROM (
-    SELECT o.*, grp, random() AS chance,
+    SELECT o.*, d.kafka_partition, d.kafka_offset, d.published_at, grp, random() AS chance,
         -- log-normal consume lag: median 200 ms, long tail
-        o.published_at + make_interval(secs => exp(ln(0.2)
+        d.published_at + make_interval(secs => exp(ln(0.2)
             + 1.1 * sqrt(-2 * ln(1 - random())) * cos(2 * pi() * random()))) AS processed
     FROM outbox_event o
+    JOIN outbox_delivery d ON d.event_id = o.id AND d.outcome = 'PUBLISHED'
     CROSS JOIN (VALUES ('group-a'), ('group-b')) AS groups(grp)
-    WHERE o.status = 'DONE'
-        AND (grp = 'group-a' OR mod(right(o.topic, 1)::int, 2) = 0)
+    WHERE (grp = 'group-a' OR mod(right(o.topic, 1)::int, 2) = 0)
         -- one in ten thousand is never consumed: "not consumed" findings
-        AND mod(o.kafka_offset, 10007) <> 3
+        AND mod(d.kafka_offset, 10007) <> 3
 ) AS o
 """
 
@@ -98,16 +133,18 @@ PERCENTILE_SQL = """
 WITH lags AS (
     SELECT date_trunc('hour', created_at AT TIME ZONE 'UTC') AS hour, topic, type AS event_type,
         '' AS consumer_group, 'publish' AS stage,
-        extract(epoch FROM published_at - created_at) AS lag
-    FROM outbox_event
-    WHERE created_at >= %(since)s AND created_at < %(until)s AND published_at IS NOT NULL
+        extract(epoch FROM d.published_at - o.created_at) AS lag
+    FROM outbox_event o
+    JOIN outbox_delivery d ON d.event_id = o.id AND d.outcome = 'PUBLISHED'
+    WHERE o.created_at >= %(since)s AND o.created_at < %(until)s
     UNION ALL
     SELECT date_trunc('hour', o.created_at AT TIME ZONE 'UTC'), o.topic, o.type,
         i.consumer_group, s.stage,
         extract(epoch FROM i.processed_at - CASE WHEN s.stage = 'consume'
-            THEN coalesce(o.published_at, i.published_at) ELSE o.created_at END)
+            THEN coalesce(d.published_at, i.published_at) ELSE o.created_at END)
     FROM inbox_message i
     JOIN outbox_event o ON o.id::text = i.event_id
+    LEFT JOIN outbox_delivery d ON d.event_id = o.id AND d.outcome = 'PUBLISHED'
     CROSS JOIN (VALUES ('consume'), ('end_to_end')) AS s(stage)
     WHERE o.created_at >= %(since)s AND o.created_at < %(until)s AND i.processed_at IS NOT NULL
 )
@@ -171,7 +208,7 @@ def _generate(*, events: int, reuse: bool, since: datetime) -> None:
                 print(f"data: reusing {events:,} events")
                 return
         started = time.monotonic()
-        cursor.execute("TRUNCATE outbox_event, inbox_message")
+        cursor.execute("TRUNCATE outbox_event, outbox_delivery, outbox_held_event, inbox_message")
         params: dict[str, int | datetime] = {
             "events": events,
             "start": since,
@@ -179,9 +216,12 @@ def _generate(*, events: int, reuse: bool, since: datetime) -> None:
             "types": EVENT_TYPES,
             "topics": TOPICS,
         }
-        cursor.execute(OUTBOX_SQL, params)
+        cursor.execute(EVENTS_SQL, params)
+        cursor.execute(DELIVERIES_SQL, params)
+        cursor.execute(HELD_SQL, params)
         cursor.execute(INBOX_SQL)
         cursor.execute("ANALYZE outbox_event")
+        cursor.execute("ANALYZE outbox_delivery")
         cursor.execute("ANALYZE inbox_message")
         cursor.execute("SELECT count(*), sum(duplicate_count) FROM inbox_message")
         inbox_rows, duplicates = cursor.fetchone() or (0, 0)

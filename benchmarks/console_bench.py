@@ -1,6 +1,8 @@
 """Console benchmark: 1M outbox rows and 1M inbox rows in a database of their own, then the
 p50/p95 of admin list pages, API list calls and the dashboard, rendered in-process by Django's
-test client (no network, no browser: the server's time only).
+test client (no network, no browser: the server's time only). The outbox events come with what
+the relay records of them (delivery records, held set, cursor): 96% DONE, 2% FAILED, 2%
+PENDING.
 
     .venv/bin/python benchmarks/console_bench.py [--rows 1000000] [--runs 30] [--regenerate]
 
@@ -25,36 +27,74 @@ from benchmarks.databases import database_name, ensure_database, sibling_databas
 
 BENCH_SUFFIX = "_console_bench"
 
+# Event n is about aggregate (and key) agg-(n % KEYS). A key's state shows on its last event
+# (the newest KEYS events): one key in ten has a head whose attempts are spent (FAILED, held),
+# one in ten an event the relay has not read yet (PENDING, after its cursor); every other
+# event was published. With the default 1M rows: 96% DONE, 2% FAILED, 2% PENDING.
+KEYS = 200_000
+BENCH_RELAY = "console-bench"
+ERRORS = (
+    "MSG_TIMED_OUT: Local: Message timed out",
+    "MSG_SIZE_TOO_LARGE: Broker: Message size too large",
+    "UNKNOWN_TOPIC_OR_PART: Broker: Unknown topic",
+)
+
+# Events in commit order by n, spread over the week before now. %(unsent)s: only the events
+# the relay has not read yet, or only the others.
 OUTBOX_SQL = """
 INSERT INTO outbox_event (id, aggregatetype, aggregateid, type, payload, headers, topic, key,
-    status, attempts, next_attempt_at, last_error, created_at, published_at, kafka_partition,
-    kafka_offset, updated_at, discarded_at, locked_until, locked_by)
+    created_at)
 SELECT gen_random_uuid(),
        'agg' || (n %% 5),
-       'agg-' || (n %% 200000),
+       'agg-' || (n %% %(keys)s),
        'Event' || (n %% 10),
        jsonb_build_object('number', n, 'order', 'order-' || n, 'amount', n %% 1000,
                           'note', repeat('x', 120)),
        '{"tenant": "acme"}'::jsonb,
        'bench.topic' || (n %% 5),
-       'agg-' || (n %% 200000),
-       CASE WHEN n %% 50 = 0 THEN 'FAILED' WHEN n %% 50 = 1 THEN 'PENDING' ELSE 'DONE' END,
-       CASE WHEN n %% 50 = 0 THEN 10 WHEN n %% 50 = 1 THEN 0 ELSE 1 END,
-       created,
-       CASE WHEN n %% 50 = 0 THEN
-            (ARRAY['MSG_TIMED_OUT: Local: Message timed out',
-                   'MSG_SIZE_TOO_LARGE: Broker: Message size too large',
-                   'UNKNOWN_TOPIC_OR_PART: Broker: Unknown topic'])[1 + n %% 3]
-            ELSE '' END,
-       created,
-       CASE WHEN n %% 50 > 1 THEN created + interval '40 milliseconds' END,
-       CASE WHEN n %% 50 > 1 THEN n %% 3 END,
-       CASE WHEN n %% 50 > 1 THEN n END,
-       created, NULL, NULL, ''
-FROM (
-    SELECT n, now() - (n * interval '1 second') * (604800.0 / %(rows)s) AS created
-    FROM generate_series(1, %(rows)s) AS n
-) AS series
+       'agg-' || (n %% %(keys)s),
+       now() - ((%(rows)s - n) * interval '1 second') * (604800.0 / %(rows)s)
+FROM generate_series(1, %(rows)s) AS n
+WHERE (n > %(rows)s - %(keys)s AND n %% 10 = 1) = %(unsent)s
+ORDER BY n
+"""
+
+# What the relay recorded of the events read so far: the failed heads' tries and their place
+# in the held set; a PUBLISHED record for every other event. Run in one transaction.
+DELIVERY_SQL = (
+    """
+    CREATE TEMPORARY TABLE bench_event ON COMMIT DROP AS
+    SELECT id, topic, key, txid, position, created_at, n,
+           n > %(rows)s - %(keys)s AND n %% 10 = 0 AS failed,
+           (%(errors)s::text[])[1 + n %% 3] AS error
+    FROM (SELECT *, (payload ->> 'number')::bigint AS n FROM outbox_event) AS event
+    """,
+    """
+    INSERT INTO outbox_delivery (event_id, outcome, published_at, kafka_partition,
+        kafka_offset, error, relay)
+    SELECT id, 'PUBLISHED', created_at + interval '40 milliseconds', n %% 3, n, '', %(relay)s
+    FROM bench_event WHERE NOT failed
+    """,
+    """
+    INSERT INTO outbox_delivery (event_id, outcome, published_at, error, relay)
+    SELECT id, 'FAILED', created_at + try * interval '1 second', error, %(relay)s
+    FROM bench_event CROSS JOIN generate_series(1, %(attempts)s) AS try
+    WHERE failed
+    """,
+    """
+    INSERT INTO outbox_held_event (event_id, shard, topic, key, transaction_id, position,
+        attempts, next_attempt_at, last_error, held_at)
+    SELECT id, {shard}, topic, key, txid::text::bigint, position, %(attempts)s, NULL, error,
+           created_at + %(attempts)s * interval '1 second'
+    FROM bench_event WHERE failed
+    """,
+)
+
+# The relay's cursor, at a tick taken after the events above committed: it has read them all.
+CURSOR_SQL = """
+WITH tick AS (INSERT INTO outbox_tick (snapshot) VALUES (pg_current_snapshot()) RETURNING id)
+INSERT INTO outbox_relay_cursor (shards, tick_id, txid, position, relay)
+SELECT %(shards)s::smallint[], tick.id, '0'::xid8, 0, %(relay)s FROM tick
 """
 
 INBOX_SQL = """
@@ -82,21 +122,48 @@ FROM (
 
 
 def _generate(rows: int, regenerate: bool) -> None:
-    from django.db import connection
+    from django.conf import settings
+    from django.db import connection, transaction
+
+    from outbox.services.event_log import ALL_SHARDS, SHARD_SQL, event_log_start_afresh
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM outbox_event")
         outbox_rows = cursor.fetchone()[0]
         cursor.execute("SELECT count(*) FROM inbox_message")
         inbox_rows = cursor.fetchone()[0]
-    if not regenerate and outbox_rows == rows and inbox_rows == rows:
+        # Data written by this script, not rows an earlier version's migrations converted.
+        cursor.execute(
+            "SELECT EXISTS (SELECT 1 FROM outbox_relay_cursor WHERE relay = %s)", [BENCH_RELAY]
+        )
+        ours = cursor.fetchone()[0]
+    if not regenerate and ours and outbox_rows == rows and inbox_rows == rows:
         print(f"reusing {outbox_rows} outbox rows and {inbox_rows} inbox rows")
         return
+    parameters = {
+        "rows": rows,
+        "keys": KEYS,
+        "relay": BENCH_RELAY,
+        "errors": list(ERRORS),
+        "attempts": settings.OUTBOX_MAX_ATTEMPTS,
+        "shards": list(ALL_SHARDS),
+    }
+    # Each statement commits on its own (autocommit), so the cursor's tick sees the events
+    # read and not those written after it.
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE outbox_event, inbox_message")
+        event_log_start_afresh()
         started = time.perf_counter()
-        cursor.execute(OUTBOX_SQL, {"rows": rows})
-        print(f"generated {rows} outbox rows in {time.perf_counter() - started:.0f} s")
+        cursor.execute(OUTBOX_SQL, {**parameters, "unsent": False})
+        with transaction.atomic():
+            for statement in DELIVERY_SQL:
+                cursor.execute(statement.format(shard=SHARD_SQL.format(key="key")), parameters)
+        cursor.execute(CURSOR_SQL, parameters)
+        cursor.execute(OUTBOX_SQL, {**parameters, "unsent": True})
+        print(
+            f"generated {rows} outbox rows with their delivery records "
+            f"in {time.perf_counter() - started:.0f} s"
+        )
         started = time.perf_counter()
         cursor.execute(INBOX_SQL, {"rows": rows})
         print(f"generated {rows} inbox rows in {time.perf_counter() - started:.0f} s")
@@ -106,8 +173,8 @@ def _generate(rows: int, regenerate: bool) -> None:
     raw.autocommit = True
     with raw.cursor() as cursor:
         started = time.perf_counter()
-        cursor.execute("VACUUM ANALYZE outbox_event")
-        cursor.execute("VACUUM ANALYZE inbox_message")
+        for table in ("outbox_event", "outbox_delivery", "outbox_held_event", "inbox_message"):
+            cursor.execute(f"VACUUM ANALYZE {table}")
         print(f"vacuum analyze in {time.perf_counter() - started:.0f} s")
 
 
@@ -159,6 +226,10 @@ def main() -> None:
 
     call_command("migrate", verbosity=0)
     _generate(arguments.rows, arguments.regenerate)
+    from console.selectors import status_counts
+    from outbox.models import OutboxEvent
+
+    print(f"outbox events as the console counts them: {status_counts(OutboxEvent).counts}")
     user, _ = get_user_model().objects.get_or_create(username="console-bench")
     user.is_staff = user.is_superuser = True
     user.save()
@@ -166,7 +237,10 @@ def main() -> None:
     client.force_login(user)
 
     with django.db.connection.cursor() as cursor:
-        cursor.execute("SELECT id FROM outbox_event WHERE status = 'FAILED' LIMIT 1")
+        cursor.execute(
+            "SELECT event_id FROM outbox_held_event "
+            "WHERE next_attempt_at IS NULL AND attempts > 0 LIMIT 1"
+        )
         failed_id = cursor.fetchone()[0]
     api_second_page = client.get("/api/outbox/events/?status=DONE").json()["next"]
     cases = [

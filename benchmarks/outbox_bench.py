@@ -1,23 +1,38 @@
-"""Outbox benchmark: drain, producer and relay rates, then publish lag under load.
+"""Outbox benchmark: the relay's rates and publish lag, then key skew, a held snapshot, WAL
+per event and one hot key.
 
-    .venv/bin/python benchmarks/outbox_bench.py [--events 50000] [--lag-seconds 10]
+    .venv/bin/python benchmarks/outbox_bench.py [--only PART ...] [size options]
 
-With --compare-relays it runs instead the claim relay (outbox.relay.Relay: claims rows, marks
-them DONE) and the event-log relay (outbox.log_relay.LogRelay: reads events between ticks,
-appends outbox_delivery rows) side by side, and prints three tables: drain rate and CPU per
-key count (--skew-events), publish lag and dead tuples while another connection holds a
-snapshot open (--snapshot-rate for --snapshot-seconds), and WAL bytes per event:
+Six parts, each a table; --only runs the parts named (repeatable), always in this order:
+  rates     the raw confluent-kafka producer and the relay (outbox.log_relay.LogRelay) in this
+            process, plain and transactional, on --events events;
+  lag       publish lag at --lag-rate events/s on 10,000 keys for --lag-seconds, with
+            `outbox_relay` and with Celery beat + nudge;
+  skew      (a) the relay draining --skew-events events of 1 KB on 1, 10, 100 and 10,000 keys:
+            events/s, relay and PostgreSQL CPU per 1,000 events, each rate as a ratio of the
+            10,000-key rate;
+  snapshot  (b) `outbox_relay` under --snapshot-rate events/s for --snapshot-seconds, with and
+            without another session holding a REPEATABLE READ snapshot open: events left,
+            publish lag p50/p99/max, dead tuples of outbox_event, and held/free p99; the
+            longest part (two runs of the offer + 10 s);
+  wal       (c) WAL bytes per event over its life (publish, delivery record, retention purge
+            and the vacuum after it) beside a bare single-row insert of the same payload, and
+            publish alone against the bare insert in WAL and time;
+  one-key   (d) `outbox_relay` at --lag-rate events/s on ONE key for --one-key-seconds.
+All of them (the default) at the default sizes take about a quarter of an hour. A short
+smoke run that proves every part runs:
 
-    .venv/bin/python benchmarks/outbox_bench.py --compare-relays \
-        [--skew-events 100000] [--snapshot-seconds 180] [--snapshot-rate 800]
+    .venv/bin/python benchmarks/outbox_bench.py --events 5000 --lag-seconds 5
+        --skew-events 10000 --snapshot-seconds 20 --wal-events 500 --one-key-seconds 20
 
 Runs against the real PostgreSQL and Kafka of `make services-up`, in a database of its own
 (`<DATABASE name>_bench`, recreated each run) and topics of its own. Prints its figures;
-asserts nothing: the targets are in the README and the closing notes.
+asserts nothing: the figures are for a person to read (docs/outbox.md, Benchmark).
 """
 
 import argparse
 import contextlib
+import gc
 import json
 import multiprocessing
 import os
@@ -29,6 +44,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -49,6 +65,7 @@ from benchmarks.databases import recreate_database, sibling_database_url  # noqa
 BENCH_DATABASE_SUFFIX = "_bench"
 PAYLOAD_BYTES = 1024
 KEYS = 10_000
+PARTS = ("rates", "lag", "skew", "snapshot", "wal", "one-key")
 
 
 def payload(number: int) -> dict:
@@ -57,20 +74,19 @@ def payload(number: int) -> dict:
 
 
 def insert_events(topic: str, count: int, keys: int = KEYS) -> None:
-    """Bulk-inserts PENDING events, as many publish() calls would, but fast."""
+    """Bulk-inserts events as many publish() calls would write them, but fast: in one
+    transaction, so the relay reads them as one (its batches still hold --batch-size)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute(
             """
             INSERT INTO outbox_event (id, aggregatetype, aggregateid, type, payload, headers, topic,
-                                      key, status, attempts, next_attempt_at, last_error,
-                                      created_at, updated_at, locked_by)
+                                      key, created_at)
             SELECT gen_random_uuid(), 'order', 'order-' || (n %% %(keys)s), 'OrderPlaced',
                    jsonb_build_object('number', n, 'seq', n / %(keys)s,
                                       'data', repeat('x', %(filler)s)),
-                   '{}'::jsonb, %(topic)s, 'order-' || (n %% %(keys)s), 'PENDING', 0, now(), '',
-                   now(), now(), ''
+                   '{}'::jsonb, %(topic)s, 'order-' || (n %% %(keys)s), now()
             FROM generate_series(0, %(count)s - 1) AS n
             """,
             {"keys": keys, "filler": PAYLOAD_BYTES - 40, "topic": topic, "count": count},
@@ -99,56 +115,6 @@ def delete_topics(names: list[str]) -> None:
     admin = AdminClient(kafka_connection_config())
     for future in admin.delete_topics(names).values():
         future.result(30)
-
-
-def measure_drain(topic: str, count: int, batch_size: int) -> float:
-    """Claim and mark with the relay's own statements, without Kafka."""
-    from django.db import transaction
-    from django.utils import timezone
-
-    from outbox.services.claims import Delivery, outbox_events_claim, outbox_events_mark_published
-
-    insert_events(topic, count)
-    started = time.perf_counter()
-    drained = 0
-    while True:
-        events = outbox_events_claim(relay_id="bench-drain", batch_size=batch_size)
-        if not events:
-            break
-        now = timezone.now()
-        with transaction.atomic():
-            outbox_events_mark_published(
-                deliveries=[
-                    Delivery(event_id=e.id, partition=0, offset=i, published_at=now)
-                    for i, e in enumerate(events)
-                ]
-            )
-        drained += len(events)
-    elapsed = time.perf_counter() - started
-    if drained != count:
-        raise RuntimeError(f"drained {drained} of {count} events")
-    return count / elapsed
-
-
-def measure_claim_behind_backlog(topic: str, count: int, keys: int, batch_size: int) -> float:
-    """Milliseconds a claim takes when `count` events queue on `keys` keys and another relay
-    holds the next event of every key: it finds nothing to take, and must find that fast."""
-    from outbox.models import OutboxEvent
-    from outbox.services.claims import outbox_events_claim
-
-    insert_events(topic, count, keys)
-    held = outbox_events_claim(relay_id="bench-holder", batch_size=keys)
-    timings = []
-    for _ in range(5):
-        started = time.perf_counter()
-        taken = outbox_events_claim(relay_id="bench-late", batch_size=batch_size)
-        timings.append((time.perf_counter() - started) * 1000)
-        if taken:
-            raise RuntimeError(f"a claim took {len(taken)} events queued behind held ones")
-    OutboxEvent.objects.filter(topic=topic).delete()
-    if len(held) != keys:
-        raise RuntimeError(f"the holder claimed {len(held)} events, not one per key ({keys})")
-    return statistics.median(timings)
 
 
 def measure_producer(topic: str, count: int) -> float:
@@ -187,29 +153,51 @@ def measure_producer(topic: str, count: int) -> float:
     return count / elapsed
 
 
-def measure_relay(topic: str, count: int, batch_size: int, *, transactional: bool) -> float:
-    from django.conf import settings
+def new_relay(batch_size: int, transactional_id: str | None = None) -> "LogRelay":
+    from outbox.log_relay import LogRelay
 
-    from outbox.models import OutboxEvent
-    from outbox.producer import close_producers, get_producer
-    from outbox.relay import Relay
+    return LogRelay(batch_size=batch_size, transactional_id=transactional_id)
 
-    settings.OUTBOX_RELAY_TRANSACTIONAL = transactional
-    transactional_id = f"bench-{uuid.uuid4().hex[:8]}" if transactional else None
-    relay = Relay(batch_size=batch_size, transactional_id=transactional_id)
-    get_producer(transactional_id=transactional_id)  # connected before the clock starts
-    insert_events(topic, count)
-    started = time.perf_counter()
-    published = 0
-    while published < count:
+
+# A safety limit only: the relay is expected to drain long before it.
+DRAIN_CAP_SECONDS = 600.0
+
+
+def deliver_with_relay(relay: "LogRelay", topic: str) -> int:
+    """Runs the relay until a run ends drained with nothing of `topic` left (or
+    DRAIN_CAP_SECONDS have passed); returns how many events it published."""
+    published, deadline = 0, time.monotonic() + DRAIN_CAP_SECONDS
+    while time.monotonic() < deadline:
         result = relay.run(max_seconds=600)
         published += result.published
-        if not result.claimed:
+        if result.drained and not undelivered(topic):
             break
-    elapsed = time.perf_counter() - started
-    close_producers()
-    settings.OUTBOX_RELAY_TRANSACTIONAL = False
-    assert not OutboxEvent.objects.filter(topic=topic).exclude(status="DONE").exists()
+    return published
+
+
+def measure_relay(topic: str, count: int, batch_size: int, *, transactional: bool) -> float:
+    """The relay in this process on `count` events on KEYS keys, plain or with one Kafka
+    transaction per batch."""
+    from outbox.producer import close_producers, get_producer
+
+    transactional_id = f"bench-{uuid.uuid4().hex[:8]}" if transactional else None
+    relay = new_relay(batch_size, transactional_id)
+    try:
+        get_producer(transactional_id=transactional_id)  # connected before the clock starts
+        insert_events(topic, count)
+        started = time.perf_counter()
+        published = deliver_with_relay(relay, topic)
+        elapsed = time.perf_counter() - started
+    finally:
+        with contextlib.suppress(Exception):
+            relay.close()
+        close_producers()
+    missing, duplicates = delivery_counts(topic)
+    if published != count or missing or duplicates:
+        print(
+            f"  relay: published {published:,} of {count:,}; {missing:,} undelivered,"
+            f" {duplicates:,} sent twice"
+        )
     return count / elapsed
 
 
@@ -279,6 +267,9 @@ def offer_load(
     from outbox.models import OutboxEvent
 
     connections.close_all()  # a forked child must open its own connection
+    # A closed relay producer waits in a reference cycle for the garbage collector: collected
+    # in a forked child, which has none of librdkafka's threads, it crashes the child.
+    gc.collect()
     context = multiprocessing.get_context("fork")
     costs = context.Queue()
     publishers = [
@@ -295,7 +286,8 @@ def offer_load(
         publisher.join()
     elapsed = time.perf_counter() - started
     if any(publisher.exitcode for publisher in publishers):
-        raise RuntimeError("a publisher process failed")
+        codes = [publisher.exitcode for publisher in publishers]
+        raise RuntimeError(f"a publisher process failed (exit codes {codes})")
     published = OutboxEvent.objects.filter(topic=topic, event_type=event_type).count()
     reported = [costs.get(timeout=10) for _ in publishers]
     events = sum(count for count, _ in reported) or 1
@@ -303,21 +295,21 @@ def offer_load(
     return OfferedLoad(rate=published / elapsed, publish_cpu_ms=cpu_ms)
 
 
-def warm_up(topic: str, relay: str = "claim") -> None:
+def warm_up(topic: str) -> None:
     """A few events through the running relay, so that the producer knows the topic's leaders
     before the clock starts, as it would in a deployment that has been running."""
     offer_load(topic, 40, 0.5, event_type="WarmUp")
-    lag_percentiles(topic, event_type="WarmUp", timeout=30, relay=relay)
+    lag_percentiles(topic, event_type="WarmUp", timeout=30)
 
 
-# The event-log relay records each delivery in outbox_delivery and never updates the event.
-LOG_UNDELIVERED_SQL = """
+# The relay records each delivery in outbox_delivery and never updates the event.
+UNDELIVERED_SQL = """
 SELECT count(*) FROM outbox_event AS event
-WHERE event.topic = %s AND event.type = %s
+WHERE event.topic = %(topic)s AND (%(type)s::text IS NULL OR event.type = %(type)s)
   AND NOT EXISTS (SELECT 1 FROM outbox_delivery AS delivery
                   WHERE delivery.event_id = event.id AND delivery.outcome = 'PUBLISHED')
 """
-LOG_LAGS_SQL = """
+LAGS_SQL = """
 SELECT EXTRACT(EPOCH FROM min(delivery.published_at) - event.created_at) * 1000
 FROM outbox_event AS event
 JOIN outbox_delivery AS delivery ON delivery.event_id = event.id AND delivery.outcome = 'PUBLISHED'
@@ -326,53 +318,56 @@ GROUP BY event.id, event.created_at
 """
 
 
-def undelivered_count(topic: str, event_type: str = "OrderPlaced", relay: str = "claim") -> int:
-    """Events of `event_type` on `topic` that `relay` ("claim" or "log") has not published."""
+def undelivered(topic: str, event_type: str | None = None) -> int:
+    """Events on `topic` (of `event_type`, or of any type) without a PUBLISHED delivery."""
     from django.db import connection
 
-    from outbox.models import OutboxEvent
-
-    if relay == "claim":
-        events = OutboxEvent.objects.filter(topic=topic, event_type=event_type)
-        return events.exclude(status="DONE").count()
     with connection.cursor() as cursor:
-        cursor.execute(LOG_UNDELIVERED_SQL, [topic, event_type])
+        cursor.execute(UNDELIVERED_SQL, {"topic": topic, "type": event_type})
         return int(cursor.fetchone()[0])
 
 
-def publish_lags(topic: str, event_type: str = "OrderPlaced", relay: str = "claim") -> list[float]:
-    """Publish lags in milliseconds, sorted, of the events `relay` has published: from the
-    event's created_at to its published_at (claim) or to its first PUBLISHED delivery (log)."""
+def delivery_counts(topic: str) -> tuple[int, int]:
+    """(events on `topic` without a PUBLISHED delivery, deliveries beyond the first of an
+    event): what the relay missed and what it sent twice."""
     from django.db import connection
 
-    from outbox.models import OutboxEvent
-
-    if relay == "claim":
-        events = OutboxEvent.objects.filter(topic=topic, event_type=event_type)
-        rows = events.filter(status="DONE").values_list("created_at", "published_at")
-        return sorted(
-            (published - created).total_seconds() * 1000
-            for created, published in rows
-            if published is not None
-        )
     with connection.cursor() as cursor:
-        cursor.execute(LOG_LAGS_SQL, [topic, event_type])
+        cursor.execute(
+            """
+            SELECT count(*) - count(DISTINCT delivery.event_id)
+            FROM outbox_delivery AS delivery
+            JOIN outbox_event AS event ON event.id = delivery.event_id
+            WHERE event.topic = %s AND delivery.outcome = 'PUBLISHED'
+            """,
+            [topic],
+        )
+        return undelivered(topic), int(cursor.fetchone()[0])
+
+
+def publish_lags(topic: str, event_type: str = "OrderPlaced") -> list[float]:
+    """Publish lags in milliseconds, sorted, of the published events of `event_type` on
+    `topic`: from the event's created_at to its first PUBLISHED delivery."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(LAGS_SQL, [topic, event_type])
         return sorted(float(lag) for (lag,) in cursor.fetchall())
 
 
 def lag_percentiles(
-    topic: str, event_type: str = "OrderPlaced", timeout: float = 60, relay: str = "claim"
+    topic: str, event_type: str = "OrderPlaced", timeout: float = 60
 ) -> tuple[float, float, float, int]:
-    """Publish lag percentiles of the events of `event_type` on `topic`, once `relay` ("claim"
-    or "log") has published them all or `timeout` seconds have passed."""
+    """Publish lag p50, p99 and max of the events of `event_type` on `topic`, and how many
+    are not published, once all are or `timeout` seconds have passed."""
     from outbox.models import OutboxEvent
 
     deadline = time.monotonic() + timeout
-    while undelivered_count(topic, event_type, relay):
+    while undelivered(topic, event_type):
         if time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    lags = publish_lags(topic, event_type, relay)
+    lags = publish_lags(topic, event_type)
     not_done = OutboxEvent.objects.filter(topic=topic, event_type=event_type).count() - len(lags)
     if len(lags) < 2:
         return float("nan"), float("nan"), float("nan"), not_done
@@ -423,17 +418,7 @@ def stop(process: subprocess.Popen) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
-# The side-by-side comparison of the claim relay (outbox.relay.Relay) and the event-log relay
-# (outbox.log_relay.LogRelay): --compare-relays.
-
-CLAIM, LOG = "claim", "log"
 SKEW_KEYS = (1, 10, 100, 10_000)
-# The claim relay takes one event per key per claim: on one key it drains 20 to 50 events/s
-# (the deeper the backlog, the slower), and 100,000 events would take an hour.
-CLAIM_DRAIN_CAP_SECONDS = 60.0
-# A safety limit only: the event-log relay is expected to drain long before it.
-LOG_DRAIN_CAP_SECONDS = 600.0
-WAL_EVENTS = 2000
 WAL_ROUNDS = 3
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 RELAY_OUTPUT_DIR = BASE_DIR / ".local" / "outbox-bench"
@@ -498,9 +483,7 @@ class CpuMeter:
 
 def clear_outbox() -> None:
     """Empties the outbox and starts the event log afresh (deliveries, held events, ticks and
-    cursors), so that each run starts on an empty table without dead tuples, neither relay
-    finds the other's events, and either may start (each refuses a database the other has
-    been sending)."""
+    cursors), so that each run starts on an empty table without dead tuples."""
     from django.db import connection
 
     from outbox.services.event_log import event_log_start_afresh
@@ -525,45 +508,8 @@ def dead_tuples(table: str = "outbox_event") -> int:
     return int(row[0]) if row else 0
 
 
-def log_undelivered(topic: str) -> int:
-    """Events on `topic` without a PUBLISHED delivery."""
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT count(*) FROM outbox_event AS event
-            WHERE event.topic = %s
-              AND NOT EXISTS (SELECT 1 FROM outbox_delivery AS delivery
-                              WHERE delivery.event_id = event.id
-                                AND delivery.outcome = 'PUBLISHED')
-            """,
-            [topic],
-        )
-        return int(cursor.fetchone()[0])
-
-
-def log_delivery_counts(topic: str) -> tuple[int, int]:
-    """(events on `topic` without a PUBLISHED delivery, deliveries beyond the first of an
-    event): what the event-log relay missed and what it sent twice."""
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT count(*) - count(DISTINCT delivery.event_id)
-            FROM outbox_delivery AS delivery
-            JOIN outbox_event AS event ON event.id = delivery.event_id
-            WHERE event.topic = %s AND delivery.outcome = 'PUBLISHED'
-            """,
-            [topic],
-        )
-        return log_undelivered(topic), int(cursor.fetchone()[0])
-
-
 @dataclass
 class Drain:
-    relay: str
     keys: int
     events: int
     published: int
@@ -573,7 +519,7 @@ class Drain:
     capped: float | None = None  # the cap in seconds, when the drain hit it
     missing: int = 0
     duplicates: int = 0
-    # Runs of the event-log relay that ended "drained" while events were still unsent.
+    # Runs of the relay that ended "drained" while events were still unsent.
     early_drains: int = 0
 
     @property
@@ -584,55 +530,26 @@ class Drain:
         return 1_000_000 * seconds / self.published if self.published else float("nan")
 
 
-def drain_with_claim_relay(topic: str, count: int, keys: int, batch_size: int) -> Drain:
-    """The claim relay in this process on `count` events over `keys` keys, until all are DONE
-    or CLAIM_DRAIN_CAP_SECONDS have passed."""
-    from outbox.models import OutboxEvent
-    from outbox.producer import close_producers, get_producer
-    from outbox.relay import Relay
-
-    relay = Relay(batch_size=batch_size)
-    get_producer()  # connected before the clock starts
-    insert_events(topic, count, keys)
-    pending = OutboxEvent.objects.filter(topic=topic).exclude(status="DONE")
-    published, capped = 0, None
-    with CpuMeter() as cpu:
-        while True:
-            remaining = CLAIM_DRAIN_CAP_SECONDS - (time.perf_counter() - cpu.started)
-            if remaining <= 0:
-                capped = CLAIM_DRAIN_CAP_SECONDS
-                break
-            result = relay.run(max_seconds=remaining)
-            published += result.published
-            if result.drained:
-                if not pending.exists():
-                    break
-                time.sleep(0.1)  # failed events wait for their retry
-    close_producers()
-    return Drain(CLAIM, keys, count, published, cpu.elapsed, cpu.process, cpu.database, capped)
-
-
-def drain_with_log_relay(topic: str, count: int, keys: int, batch_size: int) -> Drain:
-    """The event-log relay in this process on `count` events over `keys` keys, until a run
-    ends drained."""
-    from outbox.log_relay import LogRelay
+def drain_with_relay(topic: str, count: int, keys: int, batch_size: int) -> Drain:
+    """The relay in this process on `count` events over `keys` keys, until a run ends
+    drained with nothing left (or DRAIN_CAP_SECONDS have passed)."""
     from outbox.producer import close_producers, get_producer
 
-    relay = LogRelay(batch_size=batch_size)
+    relay = new_relay(batch_size)
     try:
-        get_producer()
+        get_producer()  # connected before the clock starts
         insert_events(topic, count, keys)
         published, capped, early_drains = 0, None, 0
         with CpuMeter() as cpu:
             while True:
-                remaining = LOG_DRAIN_CAP_SECONDS - (time.perf_counter() - cpu.started)
+                remaining = DRAIN_CAP_SECONDS - (time.perf_counter() - cpu.started)
                 if remaining <= 0:
-                    capped = LOG_DRAIN_CAP_SECONDS
+                    capped = DRAIN_CAP_SECONDS
                     break
                 result = relay.run(max_seconds=remaining)
                 published += result.published
                 if result.drained:
-                    if not log_undelivered(topic):
+                    if not undelivered(topic):
                         break
                     early_drains += 1
     finally:
@@ -640,14 +557,14 @@ def drain_with_log_relay(topic: str, count: int, keys: int, batch_size: int) -> 
         with contextlib.suppress(Exception):
             relay.close()
         close_producers()
-    drain = Drain(LOG, keys, count, published, cpu.elapsed, cpu.process, cpu.database, capped)
-    drain.missing, drain.duplicates = log_delivery_counts(topic)
+    drain = Drain(keys, count, published, cpu.elapsed, cpu.process, cpu.database, capped)
+    drain.missing, drain.duplicates = delivery_counts(topic)
     drain.early_drains = early_drains
     return drain
 
 
-def report_drain(drain: Drain, claim: Drain | None) -> None:
-    ratio = f"{drain.rate / claim.rate:.1f}" if claim is not None and claim.rate else ""
+def report_drain(drain: Drain, reference: float) -> None:
+    """One row of the key skew table; `reference` is the 10,000-key rate."""
     notes = []
     if drain.published != drain.events:
         notes.append(f"published {drain.published:,} of {drain.events:,}")
@@ -658,38 +575,36 @@ def report_drain(drain: Drain, claim: Drain | None) -> None:
     if drain.early_drains:
         notes.append(f"{drain.early_drains} runs said drained with events left")
     print(
-        f"  {drain.keys:>6,}  {drain.relay:<6}{drain.rate:>10,.0f}{ratio:>11}"
+        f"  {drain.keys:>6,}{drain.rate:>10,.0f}{drain.rate / reference:>15.2f}"
         f"{drain.cpu_ms_per_thousand(drain.process_cpu):>11.0f}"
-        f"{drain.cpu_ms_per_thousand(drain.database_cpu):>9.0f}  {' '.join(notes)}",
-        flush=True,
+        f"{drain.cpu_ms_per_thousand(drain.database_cpu):>9.0f}  {' '.join(notes)}"
     )
 
 
-def compare_key_skew(count: int, batch_size: int, topics: list[str]) -> None:
+def key_skew(count: int, batch_size: int, topics: list[str]) -> None:
     print()
     print(
-        f"1. key skew: {count:,} events of {PAYLOAD_BYTES} B on 1 to 10,000 keys, 6 partitions,"
-        f" batch {batch_size}, each relay in this process"
-    )
-    print(
-        f"  {'keys':>6}  {'relay':<6}{'events/s':>10}{'log/claim':>11}"
-        f"{'relay CPU':>11}{'PG CPU':>9}  (CPU: ms per 1,000 events)",
+        f"(a) key skew: {count:,} events of {PAYLOAD_BYTES} B on 1 to 10,000 keys, 6 partitions,"
+        f" batch {batch_size}, the relay in this process",
         flush=True,
     )
+    drains: dict[int, Drain] = {}
     for keys in SKEW_KEYS:
         clear_outbox()
         topics.append(create_topic())
-        claim = drain_with_claim_relay(topics[-1], count, keys, batch_size)
-        report_drain(claim, None)
-        clear_outbox()  # the events a capped claim relay left
-        topics.append(create_topic())
-        report_drain(drain_with_log_relay(topics[-1], count, keys, batch_size), claim)
+        drains[keys] = drain_with_relay(topics[-1], count, keys, batch_size)
         clear_outbox()
+    reference = drains[max(SKEW_KEYS)].rate
+    print(
+        f"  {'keys':>6}{'events/s':>10}{'/ 10,000 keys':>15}"
+        f"{'relay CPU':>11}{'PG CPU':>9}  (CPU: ms per 1,000 events)"
+    )
+    for keys in SKEW_KEYS:
+        report_drain(drains[keys], reference)
 
 
 @dataclass
 class SnapshotRun:
-    relay: str
     held: bool
     offered: OfferedLoad
     events: int
@@ -720,7 +635,6 @@ def relay_output_errors(output: Path) -> list[str]:
 
 
 def measure_snapshot_run(
-    relay: str,
     held: bool,
     rate: int,
     seconds: float,
@@ -730,8 +644,8 @@ def measure_snapshot_run(
     keys: int = KEYS,
     drain_seconds: float = 60,
 ) -> SnapshotRun:
-    """The long-running relay `relay` in a subprocess, under `rate` events/s on `keys` keys
-    for `seconds`, while another connection holds a snapshot open (or not); the lags are
+    """The long-running relay (`outbox_relay`) in a subprocess, under `rate` events/s on `keys`
+    keys for `seconds`, while another connection holds a snapshot open (or not); the lags are
     read once all is published or `drain_seconds` after the offer."""
     from outbox.models import OutboxEvent
 
@@ -739,59 +653,40 @@ def measure_snapshot_run(
     topics.append(create_topic())
     topic = topics[-1]
     command = [sys.executable, "manage.py", "outbox_relay", "--poll-seconds", "1"]
-    if relay == LOG:
-        command.append("--log")
-    output = RELAY_OUTPUT_DIR / f"{relay}-{'held' if held else 'free'}-{keys}-keys.log"
-    # The relay is chosen here, whatever the settings' default.
-    environment = {**environment, "OUTBOX_RELAY_LOG": "true" if relay == LOG else "false"}
+    output = RELAY_OUTPUT_DIR / f"relay-{'held' if held else 'free'}-{keys}-keys.log"
     process = start(command, environment, output)
     holder = None
     try:
         time.sleep(3)
-        warm_up(topic, relay)
+        warm_up(topic)
         if held:
             holder = hold_snapshot(url)
         offered = offer_load(topic, rate, seconds, keys=keys)
         offer_ended = time.monotonic()
         time.sleep(max(0.0, offer_ended + 10 - time.monotonic()))
-        left = undelivered_count(topic, relay=relay)
+        left = undelivered(topic, "OrderPlaced")
         dead = dead_tuples()
         if holder is not None:
             holder.close()
             holder = None
-        p50, p99, worst, never = lag_percentiles(topic, timeout=drain_seconds, relay=relay)
+        p50, p99, worst, never = lag_percentiles(topic, timeout=drain_seconds)
         events = OutboxEvent.objects.filter(topic=topic, event_type="OrderPlaced").count()
     finally:
         if holder is not None:
             holder.close()
         stop(process)
     return SnapshotRun(
-        relay,
-        held,
-        offered,
-        events,
-        left,
-        dead,
-        p50,
-        p99,
-        worst,
-        never,
-        relay_output_errors(output),
+        held, offered, events, left, dead, p50, p99, worst, never, relay_output_errors(output)
     )
 
 
-def compare_held_snapshot(
-    relays: list[str],
-    rate: int,
-    seconds: float,
-    url: str,
-    environment: dict[str, str],
-    topics: list[str],
+def held_snapshot(
+    rate: int, seconds: float, url: str, environment: dict[str, str], topics: list[str]
 ) -> None:
     print()
     print(
-        f"2. held snapshot: `outbox_relay --poll-seconds 1` (--log for the event-log relay) in a"
-        f" subprocess, {rate} events/s offered for {seconds:.0f} s"
+        f"(b) held snapshot: `outbox_relay --poll-seconds 1` in a subprocess, {rate} events/s"
+        f" on {KEYS:,} keys offered for {seconds:.0f} s"
     )
     print(
         "   (10 events per transaction), with and without another connection holding a"
@@ -801,60 +696,64 @@ def compare_held_snapshot(
         "   throughout; 'left' = not published at the end of the offer + 10 s; lag over all"
         " events once published"
     )
-    print("   after the snapshot's release; dead tuples of outbox_event at the end + 10 s.")
     print(
-        f"  {'relay':<6}{'snapshot':<10}{'offered/s':>10}{'events':>9}{'left':>9}"
-        f"{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}{'dead tuples':>13}"
+        "   after the snapshot's release; dead tuples of outbox_event at the end + 10 s.",
+        flush=True,
     )
     runs = [
-        measure_snapshot_run(relay, held, rate, seconds, url, environment, topics)
+        measure_snapshot_run(held, rate, seconds, url, environment, topics)
         for held in (False, True)
-        for relay in relays
     ]
-    for run in sorted(runs, key=lambda run: (run.relay != CLAIM, run.held)):
+    print(
+        f"  {'snapshot':<10}{'offered/s':>10}{'events':>9}{'left':>9}"
+        f"{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}{'dead tuples':>13}"
+    )
+    for run in runs:
         notes = []
         if run.never:
             notes.append(f"{run.never:,} never published")
         if run.errors:
             notes.append(f"{len(run.errors)} error lines in the relay's output")
         print(
-            f"  {run.relay:<6}{'held' if run.held else 'none':<10}{run.offered.rate:>10,.0f}"
-            f"{run.events:>9,}{run.left:>9,}{run.p50:>10,.0f}{run.p99:>10,.0f}"
-            f"{run.worst:>10,.0f}{run.dead_tuples:>13,}  {' '.join(notes)}"
+            f"  {'held' if run.held else 'none':<10}{run.offered.rate:>10,.0f}"
+            f"{run.events:>9,}{run.left:>9,}{run.p50:>10,.1f}{run.p99:>10,.1f}"
+            f"{run.worst:>10,.1f}{run.dead_tuples:>13,}  {' '.join(notes)}"
         )
+    free, held = runs
+    print(f"  p99 held / free: {held.p99 / free.p99:.2f}")
     for run in runs:
         for line in run.errors[:5]:
-            print(f"  {run.relay}, snapshot {'held' if run.held else 'none'}: {line}")
-    print(f"  (the relays' output: {RELAY_OUTPUT_DIR})")
+            print(f"  snapshot {'held' if run.held else 'none'}: {line}")
+    print(f"  (the relay's output: {RELAY_OUTPUT_DIR})")
 
 
-def compare_one_key_lag(
+def one_key_lag(
     rate: int, seconds: float, url: str, environment: dict[str, str], topics: list[str]
 ) -> None:
     print()
     print(
-        f"4. one key: `outbox_relay --poll-seconds 1` (--log for the event-log relay) in a"
-        f" subprocess, {rate} events/s on ONE key offered for {seconds:.0f} s (10 events per"
+        f"(d) one key: `outbox_relay --poll-seconds 1` in a subprocess, {rate} events/s on ONE"
+        f" key offered for {seconds:.0f} s (10 events"
     )
     print(
-        "   transaction); 'left' = not published at the end of the offer + 10 s; lag over the"
-        " events published"
+        "   per transaction); 'left' = not published at the end of the offer + 10 s; lag over"
+        " the events published within 10 s more.",
+        flush=True,
     )
-    print("   within 10 s more (the claim relay sends one event of a key per claim).")
+    run = measure_snapshot_run(
+        False, rate, seconds, url, environment, topics, keys=1, drain_seconds=10
+    )
     print(
-        f"  {'relay':<6}{'offered/s':>10}{'events':>9}{'left':>9}"
+        f"  {'offered/s':>10}{'events':>9}{'left':>9}"
         f"{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}  never published"
     )
-    for relay in (CLAIM, LOG):
-        run = measure_snapshot_run(
-            relay, False, rate, seconds, url, environment, topics, keys=1, drain_seconds=10
-        )
-        print(
-            f"  {run.relay:<6}{run.offered.rate:>10,.0f}{run.events:>9,}{run.left:>9,}"
-            f"{run.p50:>10,.0f}{run.p99:>10,.0f}{run.worst:>10,.0f}  {run.never:,}"
-        )
-        for line in run.errors[:5]:
-            print(f"  {run.relay}: {line}")
+    print(
+        f"  {run.offered.rate:>10,.0f}{run.events:>9,}{run.left:>9,}"
+        f"{run.p50:>10,.1f}{run.p99:>10,.1f}{run.worst:>10,.1f}  {run.never:,}"
+    )
+    for line in run.errors[:5]:
+        print(f"  {line}")
+    print(f"  (the relay's output: {RELAY_OUTPUT_DIR})")
 
 
 def wal_lsn() -> str:
@@ -923,39 +822,40 @@ def publish_one_per_transaction(topic: str, count: int) -> int:
     return count
 
 
-def deliver_with_claim_relay(batch_size: int) -> int:
-    from outbox.relay import Relay
+def purge_delivered() -> int:
+    """Retention (outbox.services.retention.outbox_event_log_purge) of every delivered event:
+    its row and its delivery records, and the cursors and ticks passed. Returns the events
+    deleted."""
+    from django.utils import timezone
 
-    relay, published = Relay(batch_size=batch_size), 0
-    while True:
-        result = relay.run(max_seconds=600)
-        published += result.published
-        if result.drained:
-            return published
+    from outbox.services.retention import outbox_event_log_purge
 
-
-def deliver_with_log_relay(relay: "LogRelay", topic: str) -> int:
-    """Runs the event-log relay until a run ends drained with nothing of `topic` left."""
-    published, deadline = 0, time.monotonic() + LOG_DRAIN_CAP_SECONDS
-    while time.monotonic() < deadline:
-        result = relay.run(max_seconds=600)
-        published += result.published
-        if result.drained and not log_undelivered(topic):
-            break
-    return published
+    deleted = outbox_event_log_purge(
+        older_than=timezone.now() + timedelta(seconds=1), batch_size=1000
+    )
+    return deleted["events"]
 
 
-def compare_wal(batch_size: int, topics: list[str]) -> None:
+def vacuum_outbox(events: int) -> int:
+    """VACUUM of the tables retention deleted from: autovacuum would do it later, and its WAL
+    is part of an event's life too. Reports `events`, those the purge deleted."""
     from django.db import connection
 
-    from outbox.log_relay import LogRelay
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM outbox_event, outbox_delivery")
+    return events
+
+
+def wal_per_event(count: int, batch_size: int, topics: list[str]) -> None:
+    from django.db import connection
+
     from outbox.producer import close_producers, get_producer
 
-    count = WAL_EVENTS
     print()
     print(
-        f"3. WAL per event: {count:,} events of {PAYLOAD_BYTES} B, one per transaction, in one"
-        f" session; median of {WAL_ROUNDS} rounds (min)"
+        f"(c) WAL per event: {count:,} events of {PAYLOAD_BYTES} B, one per transaction, in one"
+        f" session; median of {WAL_ROUNDS} rounds (min)",
+        flush=True,
     )
     with connection.cursor() as cursor:
         cursor.execute("DROP TABLE IF EXISTS bench_bare")
@@ -972,24 +872,30 @@ def compare_wal(batch_size: int, topics: list[str]) -> None:
         clear_outbox()
         topics.append(create_topic())
         topic = topics[-1]
-        relay = LogRelay(batch_size=batch_size)
+        relay = new_relay(batch_size)
         try:
-            published = wal_of(partial(publish_one_per_transaction, topic, count))
-            delivered = wal_of(partial(deliver_with_log_relay, relay, topic))
+            costs.setdefault("publish", []).append(
+                wal_of(partial(publish_one_per_transaction, topic, count))
+            )
+            costs.setdefault("deliver", []).append(
+                wal_of(partial(deliver_with_relay, relay, topic))
+            )
         finally:
             relay.close()
-        costs.setdefault("publish", []).append(published)
-        costs.setdefault("log", []).append(delivered)
-        missing, duplicates = log_delivery_counts(topic)
+        missing, duplicates = delivery_counts(topic)
         if missing or duplicates:
-            print(f"  log relay: {missing} events undelivered, {duplicates} sent twice")
-        clear_outbox()
-        topics.append(create_topic())
-        topic = topics[-1]
-        costs.setdefault("publish", []).append(
-            wal_of(partial(publish_one_per_transaction, topic, count))
-        )
-        costs.setdefault("claim", []).append(wal_of(partial(deliver_with_claim_relay, batch_size)))
+            print(f"  relay: {missing} events undelivered, {duplicates} sent twice")
+        purged = 0
+
+        def purge() -> int:
+            nonlocal purged
+            purged = purge_delivered()
+            return purged
+
+        costs.setdefault("purge", []).append(wal_of(purge))
+        if purged != count:
+            print(f"  retention purged {purged:,} of {count:,} events")
+        costs.setdefault("vacuum", []).append(wal_of(partial(vacuum_outbox, purged)))
         clear_outbox()
     close_producers()
     with connection.cursor() as cursor:
@@ -1004,91 +910,131 @@ def compare_wal(batch_size: int, topics: list[str]) -> None:
     bare_bytes, bare_ms = median("bare", "bytes_per_event"), median("bare", "ms_per_event")
     print(f"  {'':<44}{'WAL B/event':>12}{'(min)':>9}{'/ bare':>8}{'ms/event':>10}{'/ bare':>8}")
 
-    def row(label: str, names: list[str], timed: bool) -> None:
+    def row(label: str, names: list[str]) -> None:
         wal = sum(median(name, "bytes_per_event") for name in names)
         lowest = sum(least(name) for name in names)
-        timing = ""
-        if timed:
-            ms = sum(median(name, "ms_per_event") for name in names)
-            timing = f"{ms:>10.3f}{ms / bare_ms:>8.2f}"
-        print(f"  {label:<44}{wal:>12,.0f}{lowest:>9,.0f}{wal / bare_bytes:>8.2f}{timing}")
+        ms = sum(median(name, "ms_per_event") for name in names)
+        print(
+            f"  {label:<44}{wal:>12,.0f}{lowest:>9,.0f}{wal / bare_bytes:>8.2f}"
+            f"{ms:>10.3f}{ms / bare_ms:>8.2f}"
+        )
 
-    row("(a) bare insert into bench_bare", ["bare"], timed=True)
-    row("(b) outbox.publish()", ["publish"], timed=True)
-    row("(c) log relay delivery", ["log"], timed=False)
-    row("(d) claim relay delivery", ["claim"], timed=False)
-    row("    publish + log relay delivery (b + c)", ["publish", "log"], timed=False)
-    row("    publish + claim relay delivery (b + d)", ["publish", "claim"], timed=False)
-    log = sum(median(name, "bytes_per_event") for name in ("publish", "log"))
-    claim = sum(median(name, "bytes_per_event") for name in ("publish", "claim"))
-    print(f"  {'(b + c) / (b + d)':<44}{log / claim:>12.2f}")
+    row("bare insert into bench_bare", ["bare"])
+    row("(1) outbox.publish()", ["publish"])
+    row("(2) relay: send, delivery record, cursors", ["deliver"])
+    row("(3) retention: outbox_event_log_purge", ["purge"])
+    row("(4) VACUUM after the purge", ["vacuum"])
+    row("    the event's life (1 + 2 + 3 + 4)", ["publish", "deliver", "purge", "vacuum"])
+    print(
+        "  ms/event: wall time in this process per event (the relay's includes its round trips"
+        " to Kafka)."
+    )
     print(f"  WAL the server wrote while idle beforehand: {idle:,.0f} B/s (counted in the above)")
 
 
-def compare_relays(options: argparse.Namespace, url: str, environment: dict[str, str]) -> None:
-    """--compare-relays: the claim relay and the event-log relay side by side."""
+def rates(count: int, batch_size: int, topics: list[str]) -> None:
+    print()
+    print(
+        f"rates: {count:,} events of {PAYLOAD_BYTES} B on {KEYS:,} keys, 6 partitions, batch"
+        f" {batch_size}, in this process",
+        flush=True,
+    )
+    topics.append(create_topic())
+    producer = measure_producer(topics[-1], count)
+    topics.append(create_topic())
+    clear_outbox()
+    relay = measure_relay(topics[-1], count, batch_size, transactional=False)
+    topics.append(create_topic())
+    clear_outbox()
+    transactional = measure_relay(topics[-1], count, batch_size, transactional=True)
+    clear_outbox()
+    print(f"  {'raw confluent-kafka producer':<42}{producer:>10,.0f} events/s")
+    print(f"  {'relay':<42}{relay:>10,.0f} events/s")
+    print(f"  {'relay, transactional mode':<42}{transactional:>10,.0f} events/s")
+    print(f"  {'relay / producer':<42}{relay / producer:>10.2f}")
+    print(f"  {'transactional / plain relay':<42}{transactional / relay:>10.2f}")
+
+
+def publish_lag(rate: int, seconds: float, environment: dict[str, str], topics: list[str]) -> None:
+    """Publish lag with `outbox_relay`, then with Celery beat (1 s) and the on-commit nudge."""
     from django.conf import settings
 
-    database = settings.DATABASES["default"]["NAME"]
+    python = sys.executable
+    print()
     print(
-        f"outbox relays compared: claim relay (outbox.relay.Relay) and event-log relay"
-        f" (outbox.log_relay.LogRelay); database {database}, Kafka"
-        f" {settings.KAFKA_BOOTSTRAP_SERVERS}"
+        f"publish lag at {rate} events/s on {KEYS:,} keys offered for {seconds:.0f} s:",
+        flush=True,
     )
-    topics: list[str] = []
-    parts = set(options.only or ("skew", "snapshot", "wal", "one-key"))
+    clear_outbox()
+    topics.append(create_topic())
+    relay = start([python, "manage.py", "outbox_relay", "--poll-seconds", "1"], environment)
     try:
-        if "skew" in parts:
-            compare_key_skew(options.skew_events, options.batch_size, topics)
-        if "snapshot" in parts:
-            compare_held_snapshot(
-                [CLAIM, LOG],
-                options.snapshot_rate,
-                options.snapshot_seconds,
-                url,
-                environment,
-                topics,
-            )
-        if "wal" in parts:
-            compare_wal(options.batch_size, topics)
-        if "one-key" in parts:
-            compare_one_key_lag(options.lag_rate, options.one_key_seconds, url, environment, topics)
+        time.sleep(3)
+        warm_up(topics[-1])
+        offered = offer_load(topics[-1], rate, seconds)
+        p50, p99, worst, missing = lag_percentiles(topics[-1])
     finally:
-        delete_topics(topics)
+        stop(relay)
+    report_lag("outbox_relay (LISTEN/NOTIFY)", offered, p50, p99, worst, missing)
+
+    clear_outbox()
+    topics.append(create_topic())
+    beat_environment = {
+        **environment,
+        "OUTBOX_NUDGE_ON_COMMIT": "true",
+        "OUTBOX_RELAY_INTERVAL": "1",
+    }
+    worker = start(
+        [python, "-m", "celery", "-A", "project", "worker", "--concurrency", "2", "-Q", "celery"],
+        beat_environment,
+    )
+    beat_schedule = str(BASE_DIR / ".local" / "outbox-bench-beat")
+    beat = start(
+        [python, "-m", "celery", "-A", "project", "beat", "-s", beat_schedule], beat_environment
+    )
+    try:
+        time.sleep(8)
+        settings.OUTBOX_NUDGE_ON_COMMIT = True
+        warm_up(topics[-1])
+        offered = offer_load(topics[-1], rate, seconds)
+        settings.OUTBOX_NUDGE_ON_COMMIT = False
+        p50, p99, worst, missing = lag_percentiles(topics[-1])
+    finally:
+        settings.OUTBOX_NUDGE_ON_COMMIT = False
+        stop(beat)
+        stop(worker)
+    report_lag("Celery beat (1 s) + nudge", offered, p50, p99, worst, missing)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--events", type=int, default=50_000)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--only", choices=PARTS, action="append", help="run only these parts (repeatable)"
+    )
+    parser.add_argument("--events", type=int, default=50_000, help="events per rate (rates)")
     parser.add_argument("--batch-size", type=int, default=1000)
-    parser.add_argument("--lag-rate", type=int, default=1000, help="offered load, events/s")
-    parser.add_argument("--lag-seconds", type=float, default=10.0)
-    parser.add_argument("--keep-database", action="store_true", help="reuse its database")
-    parser.add_argument("--rates-only", action="store_true", help="skip the publish lag runs")
     parser.add_argument(
-        "--compare-relays",
-        action="store_true",
-        help="only the claim relay and the event-log relay side by side: key skew, held "
-        "snapshot, WAL per event",
+        "--lag-rate", type=int, default=1000, help="offered load, events/s (lag, one-key)"
     )
     parser.add_argument(
-        "--skew-events", type=int, default=100_000, help="events per key count (key skew)"
+        "--lag-seconds", type=float, default=10.0, help="offered load's length (lag)"
     )
     parser.add_argument(
-        "--snapshot-seconds", type=float, default=180.0, help="offered load's length (snapshot)"
+        "--skew-events", type=int, default=100_000, help="events per key count (skew)"
     )
     parser.add_argument(
         "--snapshot-rate", type=int, default=800, help="offered load, events/s (snapshot)"
     )
     parser.add_argument(
-        "--one-key-seconds", type=float, default=30.0, help="offered load's length (one key)"
+        "--snapshot-seconds", type=float, default=180.0, help="offered load's length (snapshot)"
     )
+    parser.add_argument("--wal-events", type=int, default=2000, help="events per round (wal)")
     parser.add_argument(
-        "--only",
-        choices=("skew", "snapshot", "wal", "one-key"),
-        action="append",
-        help="with --compare-relays: run only these parts (repeatable)",
+        "--one-key-seconds", type=float, default=30.0, help="offered load's length (one-key)"
     )
+    parser.add_argument("--keep-database", action="store_true", help="reuse its database")
     options = parser.parse_args()
 
     url = sibling_database_url(BENCH_DATABASE_SUFFIX)
@@ -1100,97 +1046,27 @@ def main() -> None:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    python = sys.executable
-    child_environment = {**os.environ, "DATABASE_URL": url}
-    if options.compare_relays:
-        compare_relays(options, url, child_environment)
-        return
-    count, batch = options.events, options.batch_size
-    print(f"outbox benchmark: {count} events of {PAYLOAD_BYTES} B, batch {batch}, {KEYS} keys")
+    environment = {**os.environ, "DATABASE_URL": url}
+    parts = [part for part in PARTS if part in (options.only or PARTS)]
     database = settings.DATABASES["default"]["NAME"]
-    print(f"database {database}, Kafka {settings.KAFKA_BOOTSTRAP_SERVERS}")
-
-    topics = [create_topic() for _ in range(6)]
+    print(
+        f"outbox benchmark ({', '.join(parts)}): database {database}, Kafka"
+        f" {settings.KAFKA_BOOTSTRAP_SERVERS}"
+    )
+    topics: list[str] = []
     try:
-        drain = measure_drain(topics[0], count, batch)
-        blocked_claim = measure_claim_behind_backlog(topics[0], 100_000, 1_000, batch)
-        producer = measure_producer(topics[1], count)
-        relay = measure_relay(topics[2], count, batch, transactional=False)
-        transactional = measure_relay(topics[3], count, batch, transactional=True)
-        print()
-        print(f"{'raw SQL drain (claim + mark, no Kafka)':<44}{drain:>10,.0f} events/s")
-        print(f"{'raw confluent-kafka producer':<44}{producer:>10,.0f} events/s")
-        print(f"{'claim relay':<44}{relay:>10,.0f} events/s")
-        print(f"{'claim relay, transactional mode':<44}{transactional:>10,.0f} events/s")
-        print(f"{'claim relay / drain':<44}{relay / drain:>10.2f}")
-        print(f"{'claim relay / producer':<44}{relay / producer:>10.2f}")
-        print(f"{'transactional / plain relay':<44}{transactional / relay:>10.2f}")
-        print(
-            f"{'claim behind 100,000 events on 1,000 keys':<44}{blocked_claim:>10.0f} ms"
-            "  (their next events held by another relay)"
-        )
-
-        if options.rates_only:
-            return
-        print()
-        # The relay the settings choose (OUTBOX_RELAY_LOG), in the processes started below.
-        lag_relay = LOG if settings.OUTBOX_RELAY_LOG else CLAIM
-        print(
-            f"publish lag at {options.lag_rate} events/s offered for {options.lag_seconds:.0f} s"
-            f" ({lag_relay} relay):"
-        )
-        relay_process = start(
-            [python, "manage.py", "outbox_relay", "--poll-seconds", "1"], child_environment
-        )
-        time.sleep(3)
-        warm_up(topics[4], lag_relay)
-        offered = offer_load(topics[4], options.lag_rate, options.lag_seconds)
-        p50, p99, worst, missing = lag_percentiles(topics[4], relay=lag_relay)
-        stop(relay_process)
-        report_lag("outbox_relay (LISTEN/NOTIFY)", offered, p50, p99, worst, missing)
-
-        beat_environment = {
-            **child_environment,
-            "OUTBOX_NUDGE_ON_COMMIT": "true",
-            "OUTBOX_RELAY_INTERVAL": "1",
-        }
-        worker = start(
-            [
-                python,
-                "-m",
-                "celery",
-                "-A",
-                "project",
-                "worker",
-                "--concurrency",
-                "2",
-                "-Q",
-                "celery",
-            ],
-            beat_environment,
-        )
-        beat = start(
-            [
-                python,
-                "-m",
-                "celery",
-                "-A",
-                "project",
-                "beat",
-                "-s",
-                str(BASE_DIR / ".local" / "outbox-bench-beat"),
-            ],
-            beat_environment,
-        )
-        time.sleep(8)
-        settings.OUTBOX_NUDGE_ON_COMMIT = True
-        warm_up(topics[5], lag_relay)
-        offered = offer_load(topics[5], options.lag_rate, options.lag_seconds)
-        settings.OUTBOX_NUDGE_ON_COMMIT = False
-        p50, p99, worst, missing = lag_percentiles(topics[5], relay=lag_relay)
-        stop(beat)
-        stop(worker)
-        report_lag("Celery beat (1 s) + nudge", offered, p50, p99, worst, missing)
+        if "rates" in parts:
+            rates(options.events, options.batch_size, topics)
+        if "lag" in parts:
+            publish_lag(options.lag_rate, options.lag_seconds, environment, topics)
+        if "skew" in parts:
+            key_skew(options.skew_events, options.batch_size, topics)
+        if "snapshot" in parts:
+            held_snapshot(options.snapshot_rate, options.snapshot_seconds, url, environment, topics)
+        if "wal" in parts:
+            wal_per_event(options.wal_events, options.batch_size, topics)
+        if "one-key" in parts:
+            one_key_lag(options.lag_rate, options.one_key_seconds, url, environment, topics)
     finally:
         delete_topics(topics)
 

@@ -61,11 +61,12 @@ class StatusCounts:
 
 
 def status_counts(model: type[Model]) -> StatusCounts:
-    """Counts by status. PENDING and FAILED are counted exactly (the status index keeps them
-    cheap while they are few); DONE, usually nearly all rows, is estimated on big tables.
-    The outbox sent by the event-log relay is counted from that relay's records."""
-    if model is OutboxEvent and settings.OUTBOX_RELAY_LOG:
-        return _outbox_log_status_counts()
+    """Counts by status. PENDING and FAILED are counted exactly (an index keeps them cheap
+    while they are few); DONE, usually nearly all rows, is estimated on big tables. The outbox
+    is counted from the relay's cursors, delivery records and held set (its rows carry no
+    status)."""
+    if model is OutboxEvent:
+        return _outbox_status_counts()
     table = model._meta.db_table
     manager = model._default_manager
     counts = {status: manager.filter(status=status).count() for status in ("PENDING", "FAILED")}
@@ -77,14 +78,13 @@ def status_counts(model: type[Model]) -> StatusCounts:
     return StatusCounts(counts=counts, done_estimated=False)
 
 
-def _outbox_log_status_counts() -> StatusCounts:
-    """The event-log relay leaves every row PENDING: PENDING is what is left to send (the
-    events after its cursors without an outcome, and the held events not spent), FAILED the
-    held heads whose attempts are spent. Both are read from the cursors' range of the txid
-    index and the small held set; DONE is counted only while both tables are small. Discarded
-    events are in none of the exact counts (the claim relay's FAILED includes its discarded
-    rows; this relay's is what waits for an operator, and its discarded events are found only
-    by reading the delivery table) but are in the DONE estimate."""
+def _outbox_status_counts() -> StatusCounts:
+    """PENDING is what the relay has left to send (the events after its cursors without an
+    outcome, and the held events not spent), FAILED the held heads whose attempts are spent:
+    what waits for an operator. Both are read from the cursors' range of the txid index and
+    the small held set; DONE is counted only while the event and delivery tables are small.
+    Discarded events are in none of the exact counts (they are found only by reading the
+    delivery table) but are in the DONE estimate."""
     backlog = outbox_log_backlog()
     counts = {"PENDING": backlog.unsent + backlog.held_waiting, "FAILED": backlog.held_spent}
     estimate = table_row_estimate(OutboxEvent._meta.db_table)
@@ -119,10 +119,8 @@ def _bucket_counts(
 
 
 def _published_bucket_counts(*, since: datetime, bucket: str) -> dict[datetime, int]:
-    if not settings.OUTBOX_RELAY_LOG:
-        return _bucket_counts("outbox_event", "published_at", since=since, bucket=bucket)
-    # The event-log relay's publications are its PUBLISHED records, found through the BRIN
-    # index on their published_at (outbox_delivery_published_brin).
+    # The relay's publications are its PUBLISHED records, found through the BRIN index on
+    # their published_at (outbox_delivery_published_brin).
     return _bucket_counts(
         "outbox_delivery",
         "published_at",
@@ -153,30 +151,24 @@ def rate_series(*, period: timedelta, bucket: timedelta) -> RateSeries:
 
 
 # Failures by class are read from the latest FAILED rows of each side, so the card stays cheap
-# however many rows have failed: finding them walks the outbox by creation time, and with 2%
-# of a million rows FAILED, 1,000 of them cost a fifth of what 5,000 did.
+# however many rows have failed: the inbox's are found by walking it by receipt time (the
+# outbox's are its held heads, a small set), and with 2% of a million rows FAILED, 1,000 of
+# them cost a fifth of what 5,000 did.
 FAILURE_SAMPLE_ROWS = 1000
 
 
 def failures_by_error_class(*, limit: int = 10) -> list[dict[str, Any]]:
     """FAILED rows by the class of their last error (the text before ':'), among the latest
     FAILURE_SAMPLE_ROWS FAILED rows of the outbox and of the inbox that no operator discarded.
-    With the event-log relay, the outbox's FAILED rows are the held heads whose attempts are
-    spent, the latest held first."""
+    The outbox's FAILED rows are the held heads whose attempts are spent, the latest held
+    first."""
     error_class = "split_part(split_part(last_error, E'\\n', 1), ':', 1)"
     # Composed of constants only.
-    if settings.OUTBOX_RELAY_LOG:
-        outbox_failed = (
-            f"SELECT 'outbox' AS side, {error_class} AS error_class "  # noqa: S608
-            "FROM outbox_held_event WHERE next_attempt_at IS NULL AND attempts > 0 "
-            "ORDER BY id DESC LIMIT %(sample)s"
-        )
-    else:
-        outbox_failed = (
-            f"SELECT 'outbox' AS side, {error_class} AS error_class FROM outbox_event "  # noqa: S608
-            "WHERE status = 'FAILED' AND discarded_at IS NULL "
-            "ORDER BY created_at DESC LIMIT %(sample)s"
-        )
+    outbox_failed = (
+        f"SELECT 'outbox' AS side, {error_class} AS error_class "  # noqa: S608
+        "FROM outbox_held_event WHERE next_attempt_at IS NULL AND attempts > 0 "
+        "ORDER BY id DESC LIMIT %(sample)s"
+    )
     with connection.cursor() as cursor:
         cursor.execute(
             f"""

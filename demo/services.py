@@ -16,7 +16,7 @@ from demo.models import Delivery, Payment
 from inbox.models import InboxMessage
 from outbox.models import OutboxEvent
 from outbox.relay import record_headers
-from outbox.services.claims import ClaimedEvent
+from outbox.services.event_log import LogEvent
 from outbox.services.publish import encode_payload
 
 
@@ -61,7 +61,7 @@ def delivery_start(*, message: InboxMessage) -> Delivery:
 def demo_duplicate_send(*, event: OutboxEvent, producer: Producer) -> None:
     """Sends a published event's record once more, exactly as the relay did (same event id):
     the consumer must count it as a duplicate and not start a second delivery."""
-    claimed = ClaimedEvent(
+    sent = LogEvent(
         id=event.id,
         aggregate_type=event.aggregate_type,
         aggregate_id=event.aggregate_id,
@@ -71,12 +71,14 @@ def demo_duplicate_send(*, event: OutboxEvent, producer: Producer) -> None:
         topic=event.topic,
         key=event.key,
         created_at=event.created_at,
-        attempts=event.attempts,
+        # Where the relay read the event in the log: none of it travels in the record.
+        txid=0,
         position=event.position,
+        shard=0,
     )
     producer.produce(
         event.topic,
         key=event.key.encode(),
-        value=claimed.payload_json.encode(),
-        headers=record_headers(claimed),
+        value=sent.payload_json.encode(),
+        headers=record_headers(sent),
     )

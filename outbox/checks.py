@@ -9,17 +9,6 @@ from django.core.checks import CheckMessage, Error, register
 @register()
 def check_outbox_settings(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
     errors: list[CheckMessage] = []
-    delivery_seconds = settings.OUTBOX_PRODUCER_DELIVERY_TIMEOUT_MS / 1000
-    if delivery_seconds + 5 >= settings.OUTBOX_LEASE_SECONDS:
-        errors.append(
-            Error(
-                f"OUTBOX_LEASE_SECONDS ({settings.OUTBOX_LEASE_SECONDS}) must exceed the "
-                f"producer's delivery timeout ({delivery_seconds:.0f}s) by more than 5 seconds.",
-                hint="Otherwise another relay may claim events whose delivery is still under "
-                "way and publish them twice.",
-                id="outbox.E001",
-            )
-        )
     if settings.OUTBOX_MAX_ATTEMPTS < 1:
         errors.append(Error("OUTBOX_MAX_ATTEMPTS must be at least 1.", id="outbox.E002"))
     if settings.OUTBOX_BATCH_SIZE < 1:

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from confluent_kafka import KafkaException
@@ -354,7 +354,8 @@ class LogRelay:
                 if sent.delivered:
                     held_release(relay_id=self.relay_id, records=sent.delivered)
                     result.published += len(sent.delivered)
-                    self._observe(group, sent)
+                    # The failure, if any, is counted below, by whether it spent the attempts.
+                    self._observe(group, replace(sent, failed=[]))
                 if sent.failed or sent.fatal:
                     delivered = {record.event_id for record in sent.delivered}
                     first_failed = next(event for event in group if event.id not in delivered)
@@ -367,13 +368,15 @@ class LogRelay:
                             error="the producer failed before a report",
                         ),
                     )
-                    held_head_failed(
+                    spent = held_head_failed(
                         relay_id=self.relay_id,
                         record=failure,
                         max_attempts=settings.OUTBOX_MAX_ATTEMPTS,
                         base_seconds=settings.OUTBOX_RETRY_BASE_SECONDS,
                         max_seconds=settings.OUTBOX_RETRY_MAX_SECONDS,
                     )
+                    counter = metrics.FAILED if spent else metrics.RETRIED
+                    counter.labels(topic=first_failed.topic).inc()
                     result.failed += 1
                     break
         return bool(due)

@@ -3,7 +3,6 @@ import uuid
 from django.contrib.postgres.indexes import BrinIndex
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
-from django.db.models import Q
 from django.utils import timezone
 
 # Allocated by PostgreSQL at insert; orders the events of one key (see OutboxEvent.position).
@@ -22,13 +21,17 @@ class OutboxEventPermission(models.TextChoices):
 
 
 class OutboxEvent(models.Model):
-    """An event recorded in the business transaction, waiting for or done with publication.
+    """An event recorded in the business transaction: written once, never updated. Whether it
+    went out, where to and how each try ended are its OutboxDelivery records; while its key is
+    held back, an OutboxHeldEvent.
 
     The columns of id, aggregate type, aggregate id, event type and payload carry the names
     Debezium's Outbox Event Router reads, so a deployment can swap the relay for CDC.
     """
 
     class Status(models.TextChoices):
+        """An event's delivery as users see it (outbox.selectors.outbox_events_with_delivery)."""
+
         PENDING = "PENDING", "Pending"
         DONE = "DONE", "Done"
         FAILED = "FAILED", "Failed"
@@ -41,27 +44,13 @@ class OutboxEvent(models.Model):
     headers = models.JSONField(default=dict, blank=True)
     topic = models.CharField(max_length=249)
     key = models.CharField(max_length=255)
-    status = models.CharField(max_length=7, choices=Status.choices, default=Status.PENDING)
-    attempts = models.PositiveIntegerField(default=0)
-    next_attempt_at = models.DateTimeField(default=timezone.now)
-    last_error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
-    published_at = models.DateTimeField(null=True, blank=True)
-    kafka_partition = models.IntegerField(null=True, blank=True)
-    kafka_offset = models.BigIntegerField(null=True, blank=True)
-    updated_at = models.DateTimeField(auto_now=True)
     # Creation order from a database sequence: the relay publishes the events of one
     # (topic, key) strictly in this order, whatever the clocks of the writing processes say.
     position = models.BigIntegerField(
         db_default=models.Func(models.Value(POSITION_SEQUENCE), function="nextval"),
         editable=False,
     )
-    # Set when an operator discards a FAILED event: kept for audit, it no longer holds back
-    # the later events of its key.
-    discarded_at = models.DateTimeField(null=True, blank=True, editable=False)
-    # The lease of the relay that claimed the row; expired leases are claimable again.
-    locked_until = models.DateTimeField(null=True, blank=True, editable=False)
-    locked_by = models.CharField(max_length=255, blank=True, default="", editable=False)
 
     class Meta:
         db_table = "outbox_event"
@@ -71,25 +60,12 @@ class OutboxEvent(models.Model):
             for permission in OutboxEventPermission
         )
         indexes = (
-            # The relay's claim: due PENDING rows in creation order.
-            models.Index(
-                fields=("position",),
-                name="outbox_event_pending_idx",
-                condition=Q(status="PENDING"),
-            ),
-            # The per-key order check and the quarantine list: rows not yet DONE, by key.
-            models.Index(
-                fields=("topic", "key", "position"),
-                name="outbox_event_undelivered_idx",
-                condition=~Q(status="DONE") & Q(discarded_at__isnull=True),
-            ),
-            # Every index is written again when a row is marked DONE (not a HOT update), so
-            # the list stays short: lists filter by status or event type on top of these.
+            # The event-log relay reads the events by (txid, position), an index migration 0009
+            # made in SQL (the transaction id is PostgreSQL's, written by a column default).
+            # These serve the console's lists; the row is written once, so each costs one
+            # entry per event.
             models.Index(fields=("created_at",), name="outbox_event_created_idx"),
-            models.Index(
-                fields=("topic", "status", "created_at"), name="outbox_event_console_topic_idx"
-            ),
-            models.Index(fields=("published_at",), name="outbox_event_published_idx"),
+            models.Index(fields=("topic", "created_at"), name="outbox_event_topic_idx"),
             models.Index(fields=("aggregate_type", "aggregate_id"), name="outbox_event_aggr_idx"),
             models.Index(fields=("key",), name="outbox_event_key_idx"),
             # An event type filter on the console: a rare type would otherwise walk the

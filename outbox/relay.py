@@ -1,41 +1,26 @@
-"""The relay: claim a batch of due events, publish them with the idempotent producer, and
-mark each by its delivery report. No database transaction or row lock is held while
-talking to Kafka: the claim is a lease, committed before the first record is produced."""
+"""Sending events to Kafka with the idempotent producer, and collecting their delivery
+reports: the part of the relay (outbox.log_relay) that talks to Kafka. No database
+transaction is open while it does."""
 
 import logging
 import os
 import signal
 import socket
-import time
 import uuid
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
-from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message
 from django.conf import settings
-from django.db import transaction
 
-from outbox import metrics
 from outbox.producer import (
     RelayProducer,
-    discard_producer,
-    get_producer,
     record_size,
     topic_record_limits,
 )
-from outbox.services.claims import (
-    ClaimedEvent,
-    Delivery,
-    DeliveryFailure,
-    outbox_events_claim,
-    outbox_events_mark_failed,
-    outbox_events_mark_published,
-    outbox_events_release,
-)
+from outbox.services.event_log import LogEvent
 
 logger = logging.getLogger(__name__)
 
@@ -52,30 +37,7 @@ def fault_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-class OutgoingEvent(Protocol):
-    """What a relay sends of an event: a claimed one, or one read from the event log."""
-
-    @property
-    def id(self) -> uuid.UUID: ...
-    @property
-    def aggregate_type(self) -> str: ...
-    @property
-    def aggregate_id(self) -> str: ...
-    @property
-    def event_type(self) -> str: ...
-    @property
-    def payload_json(self) -> str: ...
-    @property
-    def headers(self) -> dict[str, str]: ...
-    @property
-    def topic(self) -> str: ...
-    @property
-    def key(self) -> str: ...
-    @property
-    def created_at(self) -> datetime: ...
-
-
-def record_headers(event: OutgoingEvent) -> list[tuple[str, str | bytes | None]]:
+def record_headers(event: LogEvent) -> list[tuple[str, str | bytes | None]]:
     headers: list[tuple[str, str | bytes | None]] = [
         ("event_id", str(event.id).encode()),
         ("event_type", event.event_type.encode()),
@@ -98,16 +60,14 @@ def transactional_id_for(slot: str) -> str | None:
     return f"{settings.OUTBOX_TRANSACTIONAL_ID_PREFIX}-{slot}"
 
 
-@dataclass
-class BatchResult:
-    claimed: int = 0
-    published: int = 0
-    failed: int = 0
-    released: int = 0
-    # Produced but not reported within the delivery timeout: left leased, never re-sent early.
-    unreported: int = 0
-    # run() ended on an empty claim, not at its deadline: nothing was due when it stopped.
-    drained: bool = False
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """The broker's confirmation of one record."""
+
+    event_id: uuid.UUID
+    partition: int
+    offset: int
+    published_at: datetime
 
 
 @dataclass
@@ -119,7 +79,7 @@ class DeliveryReports:
     # Not produced: an earlier event of the same key was refused.
     skipped: set[uuid.UUID] = field(default_factory=set)
 
-    def refuse(self, event: OutgoingEvent, error: str) -> None:
+    def refuse(self, event: LogEvent, error: str) -> None:
         self.failures[event.id] = error
         self.refused.add(event.id)
 
@@ -136,7 +96,7 @@ class DeliveryReports:
 
 
 def produce_all(
-    producer: RelayProducer, events: Sequence[OutgoingEvent], reports: DeliveryReports
+    producer: RelayProducer, events: Sequence[LogEvent], reports: DeliveryReports
 ) -> bool:
     """Produces every event in the given order; returns False on a fatal producer error.
 
@@ -189,7 +149,7 @@ def produce_all(
 
 
 def publish_batch(
-    producer: RelayProducer, events: Sequence[OutgoingEvent], *, timeout: float
+    producer: RelayProducer, events: Sequence[LogEvent], *, timeout: float
 ) -> tuple[DeliveryReports, bool]:
     """Produces the events and waits up to `timeout` seconds for their delivery reports;
     returns the reports and whether the producer hit a fatal error."""
@@ -200,7 +160,7 @@ def publish_batch(
 
 
 def publish_batch_in_transaction(
-    producer: RelayProducer, events: Sequence[OutgoingEvent], *, timeout: float
+    producer: RelayProducer, events: Sequence[LogEvent], *, timeout: float
 ) -> tuple[DeliveryReports, bool]:
     """The same in one Kafka transaction: every record is delivered, or none (an aborted
     transaction fails them all)."""
@@ -237,123 +197,3 @@ def publish_batch_in_transaction(
             published_at=committed_at,
         )
     return reports, False
-
-
-class Relay:
-    """Publishes due outbox events. Any number of relays may run at once."""
-
-    def __init__(
-        self,
-        *,
-        relay_id: str | None = None,
-        transactional_id: str | None = None,
-        batch_size: int | None = None,
-    ) -> None:
-        self.relay_id = relay_id or default_relay_id()
-        self.transactional_id = transactional_id
-        self.batch_size = batch_size or settings.OUTBOX_BATCH_SIZE
-        self.delivery_timeout = settings.OUTBOX_PRODUCER_DELIVERY_TIMEOUT_MS / 1000
-
-    def run(self, *, max_seconds: float | None = None) -> BatchResult:
-        """Publishes batches while there are due events, for at most max_seconds.
-
-        A batch holds one event per (topic, key) (the next in its order), so a batch that is
-        not full may still leave due events behind: the loop ends on an empty batch."""
-        deadline = time.monotonic() + (max_seconds or settings.OUTBOX_RELAY_MAX_RUN_SECONDS)
-        total = BatchResult()
-        while True:
-            result = self.run_once()
-            for name in ("claimed", "published", "failed", "released", "unreported"):
-                setattr(total, name, getattr(total, name) + getattr(result, name))
-            if not result.claimed:
-                total.drained = True
-                return total
-            if time.monotonic() >= deadline:
-                return total
-
-    def run_once(self) -> BatchResult:
-        events = outbox_events_claim(relay_id=self.relay_id, batch_size=self.batch_size)
-        if not events:
-            return BatchResult()
-        try:
-            producer = get_producer(transactional_id=self.transactional_id)
-        except KafkaException as error:
-            logger.warning("Outbox relay cannot create its producer: %s", error)
-            released = outbox_events_release(
-                relay_id=self.relay_id, event_ids=[e.id for e in events]
-            )
-            return BatchResult(claimed=len(events), released=released)
-        if self.transactional_id:
-            reports, fatal = self._publish_in_transaction(producer, events)
-        else:
-            reports, fatal = self._publish(producer, events)
-        fault_point("before-mark")
-        result = self._mark(events, reports, fatal)
-        if fatal:
-            logger.error(
-                "Outbox relay replaces its producer after a fatal error: %s", producer.fatal_error
-            )
-            discard_producer(producer)
-        return result
-
-    def _publish(
-        self, producer: RelayProducer, events: list[ClaimedEvent]
-    ) -> tuple[DeliveryReports, bool]:
-        return publish_batch(producer, events, timeout=self.delivery_timeout + 5)
-
-    def _publish_in_transaction(
-        self, producer: RelayProducer, events: list[ClaimedEvent]
-    ) -> tuple[DeliveryReports, bool]:
-        return publish_batch_in_transaction(producer, events, timeout=self.delivery_timeout + 5)
-
-    def _mark(
-        self, events: list[ClaimedEvent], reports: DeliveryReports, fatal: bool
-    ) -> BatchResult:
-        by_id = {event.id: event for event in events}
-        deliveries = list(reports.deliveries.values())
-        failures = [
-            DeliveryFailure(event_id=event_id, error=error)
-            for event_id, error in reports.failures.items()
-            if event_id not in reports.deliveries
-        ]
-        result = BatchResult(claimed=len(events))
-        reported = set(reports.deliveries) | set(reports.failures)
-        unreported = [event.id for event in events if event.id not in reported]
-        with transaction.atomic():
-            result.published = outbox_events_mark_published(deliveries=deliveries)
-            if fatal:
-                # The producer is rebuilt; what it did not confirm stays PENDING, unpenalised.
-                result.released = outbox_events_release(
-                    relay_id=self.relay_id,
-                    event_ids=[f.event_id for f in failures] + unreported,
-                )
-            else:
-                result.failed = outbox_events_mark_failed(relay_id=self.relay_id, failures=failures)
-                result.unreported = len(unreported)
-        self._observe(by_id, deliveries, failures if not fatal else [])
-        if result.unreported:
-            logger.warning(
-                "Outbox relay: %d events got no delivery report within %.0fs; their lease "
-                "keeps other relays off them until it expires",
-                result.unreported,
-                self.delivery_timeout,
-            )
-        return result
-
-    @staticmethod
-    def _observe(
-        by_id: dict[uuid.UUID, ClaimedEvent],
-        deliveries: list[Delivery],
-        failures: list[DeliveryFailure],
-    ) -> None:
-        for topic, count in Counter(by_id[d.event_id].topic for d in deliveries).items():
-            metrics.PUBLISHED.labels(topic=topic).inc(count)
-        for delivery in deliveries:
-            lag = (delivery.published_at - by_id[delivery.event_id].created_at).total_seconds()
-            metrics.PUBLISH_LAG.observe(max(lag, 0.0))
-        for failure in failures:
-            event = by_id[failure.event_id]
-            if event.attempts + 1 >= settings.OUTBOX_MAX_ATTEMPTS:
-                metrics.FAILED.labels(topic=event.topic).inc()
-            else:
-                metrics.RETRIED.labels(topic=event.topic).inc()

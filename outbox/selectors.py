@@ -6,16 +6,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from django.conf import settings
 from django.db import connection
 from django.db.models import (
+    BooleanField,
     Case,
     CharField,
     Count,
     Exists,
-    F,
-    Max,
-    Min,
     OuterRef,
     Q,
     QuerySet,
@@ -24,6 +21,7 @@ from django.db.models import (
     Value,
     When,
 )
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Greatest, NullIf
 from django.utils import timezone
 
@@ -47,42 +45,7 @@ class QuarantinedKey:
 
 
 def outbox_quarantined_keys(*, limit: int = 100) -> list[QuarantinedKey]:
-    """Keys whose oldest undelivered event is FAILED or waiting for a retry, with that event.
-
-    The key's later events wait behind it (order per key) until it is published or released.
-    With the event-log relay, the held keys (outbox_log_held_keys)."""
-    if settings.OUTBOX_RELAY_LOG:
-        return outbox_log_held_keys(limit=limit)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT topic, key, id, status, attempts,
-                   -- Read for the rows shown only: error texts are long, and carried
-                   -- through the sort of every undelivered row they made it spill to disk.
-                   (SELECT last_error FROM outbox_event AS blocking
-                    WHERE blocking.id = undelivered.id),
-                   next_attempt_at, waiting
-            FROM (
-                -- One pass over the undelivered rows, in the order of their index.
-                SELECT topic, key, id, status, attempts, next_attempt_at,
-                       row_number() OVER per_key AS rank,
-                       count(*) OVER (PARTITION BY topic, key) - 1 AS waiting
-                FROM outbox_event
-                WHERE status <> 'DONE' AND discarded_at IS NULL
-                WINDOW per_key AS (PARTITION BY topic, key ORDER BY position)
-            ) AS undelivered
-            WHERE rank = 1 AND (status = 'FAILED' OR attempts > 0)
-            ORDER BY next_attempt_at NULLS FIRST
-            LIMIT %s
-            """,
-            [limit],
-        )
-        rows = cursor.fetchall()
-    return [_quarantined_key(row) for row in rows]
-
-
-def outbox_log_held_keys(*, limit: int = 100) -> list[QuarantinedKey]:
-    """The keys the event-log relay holds, each with its head (the first of its held events in
+    """The keys the relay holds back, each with its head (the first of its held events in
     commit order): FAILED once its attempts are spent, else PENDING (backing off, or due), and
     how many held events wait behind it. Heads waiting for an operator come first, then by
     their next try. The held set is small (rows exist only for keys with a failure, a replay
@@ -127,24 +90,14 @@ def _quarantined_key(row: Sequence[Any]) -> QuarantinedKey:
 
 def outbox_oldest_pending_age_seconds() -> float | None:
     """Seconds since the oldest event still to be sent was created, or None when there is
-    none. With the event-log relay: the oldest of the unsent and the held, not spent, events
-    (outbox_log_backlog)."""
-    if settings.OUTBOX_RELAY_LOG:
-        oldest = outbox_log_backlog().oldest_pending_created_at
-    else:
-        oldest = OutboxEvent.objects.filter(status=OutboxEvent.Status.PENDING).aggregate(
-            oldest=Min("created_at")
-        )["oldest"]
+    none: the oldest of the unsent and the held, not spent, events (outbox_log_backlog)."""
+    oldest = outbox_log_backlog().oldest_pending_created_at
     return None if oldest is None else (timezone.now() - oldest).total_seconds()
 
 
 def outbox_last_published_at() -> datetime | None:
-    """When the broker last confirmed an event: the latest published_at of the event rows
-    (the claim relay), or of the latest PUBLISHED delivery record (the event-log relay),
-    found by walking the records' primary key backwards from the newest."""
-    if not settings.OUTBOX_RELAY_LOG:
-        last: datetime | None = OutboxEvent.objects.aggregate(last=Max("published_at"))["last"]
-        return last
+    """When the broker last confirmed an event: the time of the latest PUBLISHED delivery
+    record, found by walking the records' primary key backwards from the newest."""
     return (
         OutboxDelivery.objects.filter(outcome=OutboxDelivery.Outcome.PUBLISHED)
         .order_by("-id")
@@ -153,8 +106,8 @@ def outbox_last_published_at() -> datetime | None:
     )
 
 
-# --- the event-log relay's backlog ----------------------------------------------------------
-# That relay never updates an event row, so no index on the rows says what is left to send.
+# --- the relay's backlog ---------------------------------------------------------------------
+# The relay never updates an event row, so no index on the rows says what is left to send.
 # Its cursors do: every event visible in the snapshot of the oldest current cursor's tick is
 # delivered, held or discarded, so what is left is found from that snapshot's xmin on the
 # (txid, position) index (the events after the cursors, few while the relay keeps up), less
@@ -249,15 +202,14 @@ def outbox_log_backlog() -> LogBacklog:
 def outbox_log_done_count() -> int:
     """The events delivered, counted exactly: every event less those left to send (unsent or
     held) and those given up on (the latest of their PUBLISHED and DISCARDED records is a
-    DISCARDED one, or the claim relay discarded the row and no record came after). One
-    statement, so the parts are counted at the same instant.
+    DISCARDED one). One statement, so the parts are counted at the same instant.
 
     This is outbox_events_with_delivery's DONE as long as every event the cursors have passed
-    was delivered, held or discarded, which the relay keeps true (and the take-over, for what
-    the claim relay left). Counting that DONE event by event would join the two tables whole:
-    six times the cost of this on 200,000 events. This still counts every event row and reads
-    the delivery table for its DISCARDED records: for small tables only (the console estimates
-    DONE on big ones)."""
+    was delivered, held or discarded, which the relay keeps true (and migration 0012, for what
+    the claim relay of earlier versions left). Counting that DONE event by event would join
+    the two tables whole: six times the cost of this on 200,000 events. This still counts
+    every event row and reads the delivery table for its DISCARDED records: for small tables
+    only (the console estimates DONE on big ones)."""
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
@@ -272,14 +224,6 @@ def outbox_log_done_count() -> int:
                     ORDER BY event_id, id DESC
                 ) AS final
                 WHERE final.outcome = 'DISCARDED'
-                UNION
-                SELECT event.id FROM outbox_event AS event
-                WHERE event.discarded_at IS NOT NULL
-                  AND NOT EXISTS (
-                      SELECT 1 FROM outbox_delivery AS delivery
-                      WHERE delivery.event_id = event.id
-                        AND delivery.outcome IN ('PUBLISHED', 'DISCARDED')
-                  )
             )
             SELECT (SELECT count(*) FROM outbox_event)
                    - (SELECT events FROM unsent)
@@ -315,17 +259,16 @@ if TYPE_CHECKING:
 def outbox_events_with_delivery(
     queryset: QuerySet[OutboxEvent],
 ) -> "QuerySet[DeliveredEvent]":
-    """The events of `queryset` with their delivery as users see it, whichever relay sent
-    them: `delivery_status` (PENDING, DONE or FAILED), `delivery_discarded_at`,
-    `delivery_attempts` (tries that ended in a delivery report), `delivery_error` (the last
-    one's), `delivery_next_attempt_at` (when it is tried next; none once its attempts are
-    spent or it is delivered), and where the latest publication went: `delivered_at`,
-    `delivered_partition`, `delivered_offset`.
+    """The events of `queryset` with their delivery as users see it: `delivery_status`
+    (PENDING, DONE or FAILED), `delivery_discarded_at`, `delivery_attempts` (tries that ended
+    in a delivery report), `delivery_error` (the last one's), `delivery_next_attempt_at` (when
+    a held event is tried next; none once its attempts are spent, or for an event not held),
+    and where the latest publication went: `delivered_at`, `delivered_partition`,
+    `delivered_offset`.
 
-    The claim relay writes its outcome on the event row. The event-log relay never touches
-    the row: a held event is PENDING, or FAILED once its attempts are spent; otherwise the
-    latest PUBLISHED or DISCARDED delivery record decides (a replay holds the event again, and
-    its new record supersedes the earlier one)."""
+    A held event is PENDING, or FAILED once its attempts are spent; otherwise the latest
+    PUBLISHED or DISCARDED delivery record decides (a replay holds the event again, and its
+    new record supersedes the earlier one); an event with neither waits for the relay."""
     outcome = OutboxDelivery.Outcome
     status = OutboxEvent.Status
     records = OutboxDelivery.objects.filter(event_id=OuterRef("pk"))
@@ -349,32 +292,29 @@ def outbox_events_with_delivery(
             When(held=True, then=Value(status.PENDING)),
             When(final_outcome=outcome.PUBLISHED, then=Value(status.DONE)),
             When(final_outcome=outcome.DISCARDED, then=Value(status.FAILED)),
-            default=F("status"),
+            default=Value(status.PENDING),
             output_field=CharField(),
         ),
         delivery_discarded_at=Case(
             When(held=True, then=None),
             When(final_outcome=outcome.DISCARDED, then=Subquery(final.values("published_at")[:1])),
-            default=F("discarded_at"),
+            default=None,
         ),
-        delivery_attempts=Greatest(F("attempts"), Coalesce(Subquery(tries), 0)),
+        # A held head's attempts count the tries since its last retry by an operator, and
+        # those an earlier version recorded only as a number (migration 0012).
+        delivery_attempts=Greatest(
+            Coalesce(Subquery(held.values("attempts")[:1]), 0), Coalesce(Subquery(tries), 0)
+        ),
         delivery_error=Coalesce(
             NullIf(Subquery(held.values("last_error")[:1]), Value("")),
             Subquery(records.filter(outcome=outcome.FAILED).order_by("-id").values("error")[:1]),
-            F("last_error"),
+            Value(""),
             output_field=TextField(),
         ),
-        delivery_next_attempt_at=Case(
-            When(held=True, then=Subquery(held.values("next_attempt_at")[:1])),
-            When(final_outcome__isnull=False, then=None),
-            When(status=status.PENDING, then=F("next_attempt_at")),
-            default=None,
-        ),
-        delivered_at=Coalesce(Subquery(published.values("published_at")[:1]), "published_at"),
-        delivered_partition=Coalesce(
-            Subquery(published.values("kafka_partition")[:1]), "kafka_partition"
-        ),
-        delivered_offset=Coalesce(Subquery(published.values("kafka_offset")[:1]), "kafka_offset"),
+        delivery_next_attempt_at=Subquery(held.values("next_attempt_at")[:1]),
+        delivered_at=Subquery(published.values("published_at")[:1]),
+        delivered_partition=Subquery(published.values("kafka_partition")[:1]),
+        delivered_offset=Subquery(published.values("kafka_offset")[:1]),
     )
 
 
@@ -389,20 +329,18 @@ DISCARDED = "discarded"
 
 def outbox_events_in_state(events: QuerySet, *, state: str) -> QuerySet:
     """The events of `events` (annotated by outbox_events_with_delivery) whose delivery_status
-    is `state` (PENDING, DONE or FAILED; FAILED includes the discarded ones, as the event row's
-    status does), or with state "discarded", the ones an operator discarded.
+    is `state` (PENDING, DONE or FAILED; FAILED includes the discarded ones), or with state
+    "discarded", the ones an operator discarded.
 
     The annotations are computed per row: filtered on them alone, a rare state would have
     PostgreSQL compute them for every row of the table. So each state is narrowed first by a
     condition it implies (the annotations decide among what is left):
-    - FAILED, rare and what operators look for, by the ids of the few events that can be
-      FAILED: the row's FAILED status (an index serves it), the held heads whose attempts are
-      spent, and the events with a DISCARDED record;
-    - discarded and PENDING by a cheap test per row (the row's column, or membership in the
-      held set or the DISCARDED records, each read once into a hash), as the list walks the
-      events newest first;
+    - FAILED, rare and what operators look for, by the ids of the few events that can be:
+      the held heads whose attempts are spent and the events with a DISCARDED record;
+    - discarded by membership in the DISCARDED records (read once into a hash);
+    - PENDING by the held set and the events after the relay's cursors: those committed since
+      the oldest cursor's snapshot, a range of the (txid, position) index;
     - DONE, the common state, fills a page at once and is not narrowed."""
-    status = OutboxEvent.Status
     held = OutboxHeldEvent.objects.order_by().values("event_id")
     discarded = (
         OutboxDelivery.objects.filter(outcome=OutboxDelivery.Outcome.DISCARDED)
@@ -410,17 +348,19 @@ def outbox_events_in_state(events: QuerySet, *, state: str) -> QuerySet:
         .values("event_id")
     )
     if state == DISCARDED:
-        return events.filter(
-            Q(discarded_at__isnull=False) | Q(pk__in=discarded),
-            delivery_discarded_at__isnull=False,
-        )
-    if state == status.FAILED:
-        failed_rows = OutboxEvent.objects.filter(status=status.FAILED).order_by().values("pk")
+        return events.filter(pk__in=discarded, delivery_discarded_at__isnull=False)
+    if state == OutboxEvent.Status.FAILED:
         spent = held.filter(next_attempt_at__isnull=True, attempts__gt=0)
-        candidates = failed_rows.union(spent, discarded, all=True)
-        return events.filter(pk__in=candidates, delivery_status=state)
-    if state == status.PENDING:
-        return events.filter(Q(status=status.PENDING) | Q(pk__in=held), delivery_status=state)
+        return events.filter(pk__in=spent.union(discarded, all=True), delivery_status=state)
+    if state == OutboxEvent.Status.PENDING:
+        # The transaction id is not a model field (PostgreSQL writes it); the statement is a
+        # constant, the snapshot a parameter.
+        after_the_cursors = RawSQL(
+            '"outbox_event"."txid" >= pg_snapshot_xmin(%s::pg_snapshot)',
+            [outbox_log_cursor_snapshot()],
+            output_field=BooleanField(),
+        )
+        return events.filter(Q(pk__in=held) | Q(after_the_cursors), delivery_status=state)
     return events.filter(delivery_status=state)
 
 

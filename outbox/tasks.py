@@ -10,9 +10,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from outbox.log_relay import LogRelay
-from outbox.relay import Relay, transactional_id_for
-from outbox.services.event_log import claim_relay_refusal, log_relay_refusal
-from outbox.services.retention import outbox_event_log_purge, outbox_events_purge_published
+from outbox.relay import transactional_id_for
+from outbox.services.retention import outbox_event_log_purge
 
 logger = logging.getLogger(__name__)
 
@@ -26,26 +25,17 @@ def _worker_slot() -> str:
 @shared_task(name="outbox.tasks.relay", ignore_result=True)
 def relay() -> int:
     """Publishes due events, looping while batches come back full."""
-    refusal = log_relay_refusal() if settings.OUTBOX_RELAY_LOG else claim_relay_refusal()
-    if refusal:
-        logger.error("Outbox relay does not run: %s", refusal)
-        return 0
-    if settings.OUTBOX_RELAY_LOG:
-        log_relay = LogRelay(transactional_id=transactional_id_for(_worker_slot()))
-        try:
-            return log_relay.run().published
-        finally:
-            # The worker keeps its database session: the shards go back for the next run,
-            # on whichever worker it lands.
-            log_relay.close()
-    result = Relay(transactional_id=transactional_id_for(_worker_slot())).run()
-    return result.published
+    log_relay = LogRelay(transactional_id=transactional_id_for(_worker_slot()))
+    try:
+        return log_relay.run().published
+    finally:
+        # The worker keeps its database session: the shards go back for the next run, on
+        # whichever worker it lands.
+        log_relay.close()
 
 
 @shared_task(name="outbox.tasks.purge_published", ignore_result=True)
 def purge_published() -> int:
     older_than = timezone.now() - timedelta(days=settings.OUTBOX_RETENTION_DAYS)
     batch_size = settings.OUTBOX_RETENTION_BATCH_SIZE
-    purged = outbox_events_purge_published(older_than=older_than, batch_size=batch_size)
-    from_log = outbox_event_log_purge(older_than=older_than, batch_size=batch_size)
-    return purged + from_log["events"]
+    return outbox_event_log_purge(older_than=older_than, batch_size=batch_size)["events"]

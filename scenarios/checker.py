@@ -299,10 +299,10 @@ def _check_group(
 def load_outbox(*, topic: str) -> list[OutboxRow]:
     """Committed outbox events of `topic`; the sequence number comes from payload['seq']."""
     from outbox.models import OutboxEvent
-    from outbox.selectors import outbox_events_with_delivery
+    from outbox.selectors import outbox_events_discarded, outbox_events_with_delivery
 
-    events = OutboxEvent.objects.filter(topic=topic, discarded_at__isnull=True)
-    rows = outbox_events_with_delivery(events).values_list(
+    events = outbox_events_with_delivery(OutboxEvent.objects.filter(topic=topic))
+    rows = outbox_events_discarded(events, discarded=False).values_list(
         "id", "key", "payload", "delivery_status"
     )
     return [

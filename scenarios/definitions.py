@@ -20,7 +20,7 @@ from django.db import connection
 from outbox.models import OutboxDelivery, OutboxEvent
 from outbox.selectors import outbox_events_with_delivery
 from scenarios import faults
-from scenarios.runner import CLAIM_RELAY, LOG_RELAY, PARTITIONS, Managed, Run, Scenario
+from scenarios.runner import PARTITIONS, Managed, Run, Scenario
 
 # Wait after a broker restart, so every round starts from a healthy cluster.
 HEALTHY_WAIT_SECONDS = 120.0
@@ -601,18 +601,6 @@ def _broken_consumers(run: Run) -> None:
         )
 
 
-def _broken_relay(run: Run) -> None:
-    run.add(
-        "relay-1",
-        [sys.executable, "manage.py", "scenario_broken", "relay-done-first", "--slot", run.run_id],
-        first_starts=2,
-        # Records wait in the producer's queue, so the kill before the flush loses them.
-        first_starts_env={"SCENARIO_BROKEN": "1", "OUTBOX_PRODUCER_LINGER_MS": "20000"},
-    )
-    for index in (1, 2):
-        run.add_consumer(index)
-
-
 def _broken_log_relay(run: Run) -> None:
     run.add(
         "relay-1",
@@ -756,7 +744,6 @@ SCENARIOS: dict[str, Scenario] = {
             production_seconds=50,
             planned_faults=3,
             after=_check_long_snapshot,
-            relay=LOG_RELAY,
         ),
         Scenario(
             "hot-keys",
@@ -766,7 +753,6 @@ SCENARIOS: dict[str, Scenario] = {
             _hot_key_relay_kills,
             production_seconds=40,
             planned_faults=5,
-            relay=LOG_RELAY,
             keys=4,
         ),
         Scenario(
@@ -778,7 +764,6 @@ SCENARIOS: dict[str, Scenario] = {
             production_seconds=45,
             planned_faults=8,
             after=_check_takeovers,
-            relay=LOG_RELAY,
         ),
         Scenario(
             "broken-consumer-commit-first",
@@ -791,17 +776,6 @@ SCENARIOS: dict[str, Scenario] = {
             stall_seconds=20,
         ),
         Scenario(
-            "broken-relay-done-first",
-            "BROKEN relay: rows marked DONE before the delivery report",
-            False,
-            _broken_relay,
-            _no_faults,
-            production_seconds=5,
-            expect_fail=True,
-            stall_seconds=20,
-            relay=CLAIM_RELAY,
-        ),
-        Scenario(
             "broken-log-relay-cursor-first",
             "BROKEN event-log relay: cursor moved before the delivery report",
             False,
@@ -810,7 +784,6 @@ SCENARIOS: dict[str, Scenario] = {
             production_seconds=5,
             expect_fail=True,
             stall_seconds=20,
-            relay=LOG_RELAY,
         ),
         Scenario(
             "broken-no-dedup",

@@ -114,10 +114,6 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-# The relays a scenario may run.
-CLAIM_RELAY, LOG_RELAY = "claim", "log"
-
-
 @dataclass
 class Killed:
     """One SIGKILL of a process's whole group: who was in it, who the signal missed (alive,
@@ -343,10 +339,6 @@ class Run:
 
     def __init__(self, scenario: "Scenario", *, events: int, keys: int, seed: int | None) -> None:
         self.scenario = scenario
-        # The scenario's own relay, or the settings' (which scenario_run --relay sets).
-        self.log_relay = scenario.relay == LOG_RELAY or (
-            scenario.relay != CLAIM_RELAY and settings.OUTBOX_RELAY_LOG
-        )
         self.events = events
         self.keys = keys
         self.random = random.Random(seed)
@@ -391,7 +383,6 @@ class Run:
         }
         for name in ("OUTBOX_FAULT_INJECTION", "INBOX_FAULT_INJECT", "TEST_DATABASE_NAME"):
             env.pop(name, None)
-        env["OUTBOX_RELAY_LOG"] = "true" if self.log_relay else "false"
         env.update(extra)
         return env
 
@@ -643,8 +634,9 @@ class Run:
 
     def wait_complete(self, timeout: float, *, stall_seconds: float) -> bool:
         """Waits until every event is DONE in the outbox and applied in the group. Gives up
-        after `timeout`, or when nothing has moved for `stall_seconds` (longer than a relay's
-        lease, which holds back the rows of a killed relay)."""
+        after `timeout`, or when nothing has moved for `stall_seconds` (a killed relay leaves
+        no lease to wait out: its shards go to another relay, or to its restart, when its
+        database session ends)."""
         deadline = _now() + timeout
         last, moved = None, _now()
         while _now() < deadline and _now() - moved < stall_seconds:
@@ -915,9 +907,6 @@ class Scenario:
     after: Callable[[Run], None] = lambda run: None
     # Delivery is given up as incomplete when nothing moved for this long.
     stall_seconds: float = 150.0
-    # The relay it runs (OUTBOX_RELAY_LOG in every process it starts): CLAIM_RELAY, LOG_RELAY,
-    # or "" for the settings' default.
-    relay: str = ""
     # The events' keys, when the scenario is about them (0: the runner's --keys).
     keys: int = 0
 
@@ -926,9 +915,8 @@ class Scenario:
 
 
 def prepare_database() -> None:
-    """Migrates the isolated database and empties its outbox, so that the relays of this run
-    have only its events to publish, and either relay may run (each refuses a database the
-    other has been sending: outbox.services.event_log)."""
+    """Migrates the isolated database, empties its outbox and starts the event log afresh,
+    so that the relays of this run have only its events to publish."""
     if not faults.is_isolated():
         raise RuntimeError("the scenario runner only runs against the isolated services")
     call_command("migrate", verbosity=0, interactive=False)

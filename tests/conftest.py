@@ -46,8 +46,8 @@ def _event_log_afresh_for_transactional_tests(
 ) -> None:
     """A test whose writes are committed starts with the event log afresh, as on a new
     database: the flush after the previous one emptied the outbox but not the relay's ticks and
-    cursors, and cursors moved by an event-log relay would stop this test's claim relay
-    (outbox.services.event_log.claim_relay_refusal)."""
+    cursors (tables without a model), so each such test starts from one tick and one cursor
+    and what it reads of them is its own."""
     marker = request.node.get_closest_marker("django_db")
     if marker is None or not marker.kwargs.get("transaction"):
         return
@@ -55,13 +55,6 @@ def _event_log_afresh_for_transactional_tests(
 
     with django_db_blocker.unblock():
         event_log_start_afresh()
-
-
-@pytest.fixture
-def claim_relay(settings: Any) -> None:
-    """The claim relay instead of the default event-log relay: for the tests of the claim
-    relay, and of the console on the event rows it writes."""
-    settings.OUTBOX_RELAY_LOG = False
 
 
 # A record over the producer's message.max.bytes as size_limited_log_relay sets it.
@@ -75,7 +68,6 @@ def size_limited_log_relay(settings: Any) -> Iterator[Any]:
     from outbox.log_relay import LogRelay
     from outbox.producer import close_producers
 
-    settings.OUTBOX_RELAY_LOG = True
     settings.OUTBOX_MAX_ATTEMPTS = 2
     settings.OUTBOX_RETRY_BASE_SECONDS = 60
     settings.OUTBOX_PRODUCER_CONFIG = {"message.max.bytes": "4000"}

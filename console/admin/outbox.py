@@ -2,18 +2,17 @@
 timeline, repairs, and the release of a quarantined key. Every action calls
 console.operations, has its own permission, and is logged.
 
-Status, attempts, error, publication and discard are the delivery as users see it, whichever
-relay runs (outbox.selectors.outbox_events_with_delivery): the claim relay writes them on the
-event row, the event-log relay in delivery records and its held set."""
+Status, attempts, error, publication and discard are the delivery as users see it
+(outbox.selectors.outbox_events_with_delivery): the relay never updates an event row, it
+appends delivery records and holds a failed key's events in its held set."""
 
 import contextlib
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 
-from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.validators import EMPTY_VALUES
@@ -53,9 +52,9 @@ ATTEMPTS_SHOWN = 200
 
 
 class DeliveryStatusFilter(admin.SimpleListFilter):
-    """The status as users see it, whichever relay runs (delivery_status), or the events an
-    operator discarded. The parameter keeps the name of the filter on the event row's column
-    it replaces, so saved links and the filters kept in the audit log keep their meaning."""
+    """The status as users see it (delivery_status), or the events an operator discarded.
+    The parameter keeps the name of the filter on the event row's column it replaced, so saved
+    links and the filters kept in the audit log keep their meaning."""
 
     title = "status"
     parameter_name = "status__exact"
@@ -74,9 +73,44 @@ class DeliveryStatusFilter(admin.SimpleListFilter):
         return outbox_events_in_state(queryset, state=value)
 
 
-class DeliveredAtRangeFilter(RangeDateTimeFilter):
-    """The range filter of published_at (same parameters), on when the broker confirmed the
-    event's latest publication with either relay (delivered_at)."""
+class DeliveredAtRangeFilter(admin.ListFilter):
+    """A range of when the broker confirmed the event's latest publication (delivered_at), in
+    the form of unfold's date and time range filter. The event row has no such column: the
+    parameters (published_at_from_0 ...) are those of the filter on the row's column it
+    replaced, so saved links and the filters kept in the audit log keep their meaning."""
+
+    title = "published at"
+    parameter_name = "published_at"
+    template = RangeDateTimeFilter.template
+    form_class = RangeDateTimeFilter.form_class
+
+    def __init__(
+        self, request: HttpRequest, params: dict[str, Any], model: Any, model_admin: Any
+    ) -> None:
+        super().__init__(request, params, model, model_admin)
+        for name in self._parameters():
+            if name in params:
+                value = params.pop(name)
+                self.used_parameters[name] = value[-1] if isinstance(value, list) else value
+
+    def _parameters(self) -> list[str]:
+        return [f"{self.parameter_name}_{end}_{part}" for end in ("from", "to") for part in (0, 1)]
+
+    def expected_parameters(self) -> list[str | None]:
+        return list(self._parameters())
+
+    def has_output(self) -> bool:
+        return True
+
+    def choices(self, changelist: Any) -> Iterator[dict[str, Any]]:
+        yield {
+            "request": self.request,
+            "parameter_name": self.parameter_name,
+            "form": self.form_class(
+                name=self.parameter_name,
+                data={name: self.used_parameters.get(name) for name in self._parameters()},
+            ),
+        }
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet | None:
         bounds: dict[str, datetime] = {}
@@ -119,7 +153,7 @@ class OutboxEventAdmin(DeliveryAdmin):
         ("aggregate_type", ExactTextFilter),
         ("topic", ExactTextFilter),
         ("created_at", RangeDateTimeFilter),
-        ("published_at", DeliveredAtRangeFilter),
+        DeliveredAtRangeFilter,
     )
     search_fields = ("id", "aggregate_id", "key")
     ordering = ("-created_at",)
@@ -256,9 +290,7 @@ class OutboxEventAdmin(DeliveryAdmin):
 
     @display(description="Next attempt")
     def next_attempt(self, event: Any) -> Any:
-        if not settings.OUTBOX_RELAY_LOG:
-            return event.next_attempt_at
-        # The event-log relay never updates the row: its retries are planned in the held set.
+        # The relay never updates the row: its retries are planned in the held set.
         held = OutboxHeldEvent.objects.filter(event_id=event.pk).first()
         return _next_attempt_text(held) if held is not None else "-"
 
@@ -266,7 +298,7 @@ class OutboxEventAdmin(DeliveryAdmin):
     def held(self, event: Any) -> str:
         held = OutboxHeldEvent.objects.filter(event_id=event.pk).first()
         if held is None:
-            return "-" if settings.OUTBOX_RELAY_LOG else "- (the claim relay holds nothing)"
+            return "-"
         rows: list[tuple[str, Any]] = [
             ("Held since", _millis(held.held_at)),
             ("Next attempt", _next_attempt_text(held)),
@@ -304,12 +336,7 @@ class OutboxEventAdmin(DeliveryAdmin):
             OutboxDelivery.objects.filter(event_id=event.pk).order_by("id")[: ATTEMPTS_SHOWN + 1]
         )
         if not records:
-            return (
-                "No attempt record: the claim relay keeps only the outcome, on the event "
-                "(status, attempts, last error, publication above)."
-                if not settings.OUTBOX_RELAY_LOG
-                else "No attempt yet."
-            )
+            return "No attempt yet."
         lines = [
             (
                 _millis(record.published_at),
@@ -425,8 +452,8 @@ class OutboxEventAdmin(DeliveryAdmin):
 
     def run_row_action(self, request: HttpRequest, row: Any, name: str) -> OutboxEvent:
         result = outbox_event_action(user=request.user, event=row, action=name, source="admin")
-        # Read again with its delivery: a repair of the claim relay refreshes only the row's
-        # columns, and a replay with a new event id returns a new row.
+        # Read again with its delivery: the repair changed the held set and the delivery
+        # records, not the row, and a replay with a new event id returns a new row.
         return outbox_event_delivered(event_id=result.pk)
 
     @action(description="Retry", url_path="retry", permissions=["retry"])
@@ -497,16 +524,11 @@ class OutboxEventAdmin(DeliveryAdmin):
 def _undelivered_of_key(*, topic: str, key: str) -> QuerySet:
     """The events of (topic, key) neither delivered nor discarded, by their delivery.
 
-    Only candidates are annotated, not every event the key ever had: with the claim relay the
-    rows not DONE nor discarded (an index serves them); with the event-log relay, which never
-    updates a row, the held events: a key's undelivered events are held behind its failed
-    head, and a later event joins them when the relay reads it."""
-    if settings.OUTBOX_RELAY_LOG:
-        held = OutboxHeldEvent.objects.filter(topic=topic, key=key).values("event_id")
-        candidates = Q(pk__in=held)
-    else:
-        candidates = ~Q(status=Status.DONE) & Q(discarded_at__isnull=True)
-    events = OutboxEvent.objects.filter(candidates, topic=topic, key=key)
+    Only candidates are annotated, not every event the key ever had: the held events. A key's
+    undelivered events are held behind its failed head, and a later event joins them when the
+    relay reads it."""
+    held = OutboxHeldEvent.objects.filter(topic=topic, key=key).values("event_id")
+    events = OutboxEvent.objects.filter(pk__in=held, topic=topic, key=key)
     return (
         outbox_events_with_delivery(events)
         .exclude(delivery_status=Status.DONE)

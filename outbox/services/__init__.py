@@ -1,3 +1,3 @@
 """Writes to the outbox, one module per job: publish (business code), nudge (the on-commit
-wake-up of the relay), claims (the relay's claim and marks), repairs (the operators' retry,
-discard, replay and key release), retention (purging published events)."""
+wake-up of the relay), event_log (the relay's reads and records), repairs (the operators'
+retry, discard, replay and key release), retention (purging published events)."""

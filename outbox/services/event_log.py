@@ -471,9 +471,10 @@ def held_head_failed(
     max_attempts: int,
     base_seconds: float,
     max_seconds: float,
-) -> None:
+) -> bool:
     """Counts a failed retry of a held head: the next by exponential backoff with jitter, or
-    none after `max_attempts` (an operator retries or discards it)."""
+    none after `max_attempts` (an operator retries or discards it). Returns whether its
+    attempts are now spent."""
     with transaction.atomic():
         deliveries_insert(relay_id=relay_id, records=[record])
         with connection.cursor() as db:
@@ -486,6 +487,7 @@ def held_head_failed(
                             LEAST(%(max_seconds)s, %(base_seconds)s * power(2, attempts))
                             * (0.5 + random() / 2)) END
                 WHERE event_id = %(event_id)s
+                RETURNING next_attempt_at IS NULL
                 """,
                 {
                     "error": record.error,
@@ -495,71 +497,18 @@ def held_head_failed(
                     "event_id": record.event_id,
                 },
             )
+            row = db.fetchone()
+    return bool(row and row[0])
 
 
-# --- which relay a database belongs to ----------------------------------------------------------
-# The two relays keep their progress in different places: the claim relay on the event rows, the
-# event-log relay in its cursors. Either one started where the other has been sending would send
-# the other's deliveries again, so each refuses to start there (the long-running command and
-# beat's task ask before they run).
-
+# The name of the cursors that start every shard at a tick with nothing done yet.
 MIGRATION_CURSOR = "migration"
-TAKE_OVER_CURSOR = "take-over"
-
-
-def _latest_cursor_writer() -> str | None:
-    with connection.cursor() as db:
-        db.execute("SELECT relay FROM outbox_relay_cursor ORDER BY id DESC LIMIT 1")
-        row = db.fetchone()
-    return row[0] if row else None
-
-
-def claim_relay_refusal() -> str | None:
-    """Why the claim relay must not run on this database, or None: once the event-log relay
-    has recorded a cursor of its own (or a take-over has), the events it sent are PENDING on
-    their rows, and the claim relay would send them again."""
-    if _latest_cursor_writer() in (None, MIGRATION_CURSOR):
-        return None
-    return (
-        "This database's outbox is sent by the event-log relay (its cursors have moved): the "
-        "claim relay would send again every event that relay delivered. Set "
-        "OUTBOX_RELAY_LOG=true (or run `outbox_relay --log`)."
-    )
-
-
-def log_relay_refusal() -> str | None:
-    """Why the event-log relay must not start on this database, or None: its cursors are still
-    where migration 0009 put them, and the claim relay has sent (or tried) events since, or
-    events written before that migration are undelivered. It would send again what the claim
-    relay delivered after its cursors, and never send the older events."""
-    if _latest_cursor_writer() != MIGRATION_CURSOR:
-        return None
-    with connection.cursor() as db:
-        db.execute(
-            """
-            SELECT EXISTS (
-                SELECT 1 FROM outbox_event
-                WHERE (txid IS NOT NULL
-                       AND (status <> 'PENDING' OR attempts > 0 OR locked_until IS NOT NULL))
-                   OR (txid IS NULL AND status <> 'DONE' AND discarded_at IS NULL)
-            )
-            """
-        )
-        claimed = db.fetchone()[0]
-    if not claimed:
-        return None
-    return (
-        "The claim relay has been sending this database's outbox: stop every claim relay "
-        "(and beat's outbox.tasks.relay without OUTBOX_RELAY_LOG), then run `python manage.py "
-        "outbox_log_take_over`, which hands the event-log relay what the claim relay left, "
-        "once and in order."
-    )
 
 
 def event_log_start_afresh() -> None:
     """Forgets every tick, cursor, delivery record and held event and starts every shard now,
-    as migration 0009 does: for a database whose outbox is empty (a test's or a scenario run's),
-    so that either relay may start on it. Refuses a database that holds events."""
+    as migration 0009 does: for a database whose outbox is empty (a test's or a scenario run's).
+    Refuses a database that holds events."""
     with transaction.atomic(), connection.cursor() as db:
         db.execute("LOCK TABLE outbox_event IN SHARE MODE")
         db.execute("SELECT EXISTS (SELECT 1 FROM outbox_event)")
@@ -660,49 +609,3 @@ def held_event_replay(*, event_id: uuid.UUID, topic: str, key: str) -> bool:
             {"event_id": event_id, "topic": topic, "key": key, "sequence": POSITION_SEQUENCE},
         )
         return db.rowcount == 1
-
-
-def event_log_take_over() -> dict[str, int]:
-    """Hands the event-log relay every event the claim relay has not delivered, and starts
-    every shard's cursor now. Run once, with no claim relay running (the claim relay would
-    send the events again).
-
-    One REPEATABLE READ transaction, so that the new tick and the events taken over are seen
-    at the same instant: an event visible at the tick is either delivered (DONE), discarded,
-    or taken over here; one not yet visible is read by the relay after the tick. Taken-over
-    events become held events, in their order (events written before migration 0009 have no
-    transaction id and come first); the head of each key is due at once, or waits for an
-    operator if it is FAILED."""
-    with transaction.atomic(), connection.cursor() as db:
-        db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        db.execute("INSERT INTO outbox_tick (snapshot) VALUES (pg_current_snapshot()) RETURNING id")
-        tick_id = db.fetchone()[0]
-        db.execute(
-            """
-            INSERT INTO outbox_relay_cursor (shards, tick_id, txid, position, relay)
-            VALUES (%s::smallint[], %s, '0'::xid8, 0, %s)
-            """,
-            [list(ALL_SHARDS), tick_id, TAKE_OVER_CURSOR],
-        )
-        db.execute(
-            f"""
-            INSERT INTO outbox_held_event (event_id, shard, topic, key, transaction_id,
-                                           position, attempts, next_attempt_at, last_error,
-                                           held_at)
-            SELECT id, {SHARD_SQL.format(key="key")}, topic, key,
-                   coalesce(txid::text::bigint, 0), position, attempts,
-                   CASE WHEN status = 'FAILED' THEN NULL
-                        ELSE greatest(next_attempt_at, now()) END,
-                   last_error, now()
-            FROM outbox_event AS event
-            WHERE status <> 'DONE' AND discarded_at IS NULL
-              -- Sent by the event-log relay already (a second take-over): never again.
-              AND NOT EXISTS (
-                  SELECT 1 FROM outbox_delivery AS delivery
-                  WHERE delivery.event_id = event.id AND delivery.outcome = 'PUBLISHED'
-              )
-            ON CONFLICT (event_id) DO NOTHING
-            """  # noqa: S608 (composed of constants, no input)
-        )
-        taken = db.rowcount
-    return {"tick": tick_id, "events": taken}

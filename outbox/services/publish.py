@@ -145,12 +145,11 @@ def _resolve_event_id(event_id: uuid.UUID | str | None) -> uuid.UUID:
         raise InvalidEvent(f"event_id {event_id!r} is not a UUID.") from error
 
 
-# Every column publish() sets; the others take their defaults (NULL or the sequence).
+# Every column publish() sets; the others take their defaults (the sequence, the transaction id).
 PUBLISH_SQL = """
 INSERT INTO outbox_event (id, aggregatetype, aggregateid, type, payload, headers, topic, key,
-                          status, attempts, next_attempt_at, last_error, created_at,
-                          updated_at, locked_by)
-VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, %s, 'PENDING', 0, %s, '', %s, %s, '')
+                          created_at)
+VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, %s, %s)
 ON CONFLICT (id) DO NOTHING
 RETURNING position
 """
@@ -199,7 +198,7 @@ def outbox_event_publish(
         topic=_resolve_topic(topic, aggregate_type=aggregate_type, event_type=event_type),
         key=key,
     )
-    event.created_at = event.next_attempt_at = event.updated_at = timezone.now()
+    event.created_at = timezone.now()
     # One statement written by hand rather than Model.save(): publish() runs in the business
     # transaction of every caller, and save() costs about as much CPU again (the payload
     # encoded twice more, the INSERT compiled each time). ON CONFLICT tells a repeated event
@@ -216,9 +215,7 @@ def outbox_event_publish(
                 json.dumps(event.headers),
                 event.topic,
                 event.key,
-                event.next_attempt_at,
                 event.created_at,
-                event.updated_at,
             ],
         )
         inserted = cursor.fetchone()

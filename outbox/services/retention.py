@@ -1,32 +1,11 @@
 """Retention: published events are deleted once OUTBOX_RETENTION_DAYS have passed, and the
-event-log relay's ticks and cursors once no shard needs them."""
+relay's ticks and cursors once no shard needs them."""
 
 from datetime import datetime
 
 from django.db import connection, transaction
 
 from outbox.services.event_log import SHARD_COUNT
-
-
-def outbox_events_purge_published(*, older_than: datetime, batch_size: int) -> int:
-    """Deletes DONE events published before older_than, one bounded batch per transaction."""
-    deleted = 0
-    while True:
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(
-                """
-                DELETE FROM outbox_event WHERE id IN (
-                    SELECT id FROM outbox_event
-                    WHERE status = 'DONE' AND published_at < %s
-                    LIMIT %s FOR UPDATE SKIP LOCKED
-                )
-                """,
-                [older_than, batch_size],
-            )
-            batch = cursor.rowcount
-        deleted += batch
-        if batch < batch_size:
-            return deleted
 
 
 def outbox_event_log_purge(*, older_than: datetime, batch_size: int) -> dict[str, int]:
@@ -40,7 +19,7 @@ def outbox_event_log_purge(*, older_than: datetime, batch_size: int) -> dict[str
             cursor.execute(
                 """
                 SELECT event.id FROM outbox_event AS event
-                WHERE event.created_at < %s AND event.txid IS NOT NULL
+                WHERE event.created_at < %s
                   AND EXISTS (
                       SELECT 1 FROM outbox_delivery AS delivery
                       WHERE delivery.event_id = event.id AND delivery.outcome = 'PUBLISHED'

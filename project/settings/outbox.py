@@ -7,9 +7,6 @@ OUTBOX_TOPIC_TEMPLATE = env("OUTBOX_TOPIC_TEMPLATE", default="outbox.event.{aggr
 # Under Kafka's default 1 MB record limit (message.max.bytes), leaving room for headers.
 OUTBOX_MAX_PAYLOAD_BYTES = env.int("OUTBOX_MAX_PAYLOAD_BYTES", default=900 * 1024)
 
-# The event-log relay (docs/outbox.md) in beat's task and in outbox_relay; false runs the claim
-# relay, for a database not yet taken over from it (manage.py outbox_log_take_over).
-OUTBOX_RELAY_LOG = env.bool("OUTBOX_RELAY_LOG", default=True)
 # Beat runs the relay this often; a relay run loops while it finds full batches.
 OUTBOX_RELAY_INTERVAL = env.float("OUTBOX_RELAY_INTERVAL", default=1.0)
 OUTBOX_BATCH_SIZE = env.int("OUTBOX_BATCH_SIZE", default=1000)
@@ -20,9 +17,8 @@ OUTBOX_NUDGE_ON_COMMIT = env.bool("OUTBOX_NUDGE_ON_COMMIT", default=True)
 # ... at most once per this many milliseconds in all processes together (through Redis).
 OUTBOX_NUDGE_MIN_INTERVAL_MS = env.int("OUTBOX_NUDGE_MIN_INTERVAL_MS", default=100)
 
-# A claimed row belongs to its relay for this long; a relay that dies leaves its rows to
-# another once it expires. Must exceed the producer's delivery timeout (a system check says so).
-OUTBOX_LEASE_SECONDS = env.int("OUTBOX_LEASE_SECONDS", default=60)
+# A failed event holds its key and is tried again after the base delay, doubling up to the
+# maximum (with jitter), until its attempts are spent: then it waits for an operator.
 OUTBOX_RETRY_BASE_SECONDS = env.float("OUTBOX_RETRY_BASE_SECONDS", default=1.0)
 OUTBOX_RETRY_MAX_SECONDS = env.float("OUTBOX_RETRY_MAX_SECONDS", default=300.0)
 OUTBOX_MAX_ATTEMPTS = env.int("OUTBOX_MAX_ATTEMPTS", default=10)
@@ -40,6 +36,6 @@ OUTBOX_PRODUCER_CONFIG: dict[str, str] = env.dict("OUTBOX_PRODUCER_CONFIG", defa
 OUTBOX_RELAY_TRANSACTIONAL = env.bool("OUTBOX_RELAY_TRANSACTIONAL", default=False)
 OUTBOX_TRANSACTIONAL_ID_PREFIX = env("OUTBOX_TRANSACTIONAL_ID_PREFIX", default="outbox-relay")
 
-# DONE rows older than this are deleted by beat, in batches of OUTBOX_RETENTION_BATCH_SIZE.
+# Delivered events older than this are deleted by beat, in batches of OUTBOX_RETENTION_BATCH_SIZE.
 OUTBOX_RETENTION_DAYS = env.int("OUTBOX_RETENTION_DAYS", default=7)
 OUTBOX_RETENTION_BATCH_SIZE = env.int("OUTBOX_RETENTION_BATCH_SIZE", default=5000)

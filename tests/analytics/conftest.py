@@ -2,9 +2,6 @@
 
 Spark reads the test database over JDBC through its own connections, so it sees committed
 rows only: the planted history is written outside any test transaction, by a module fixture.
-That fixture is parametrized by relay: a module's tests run on the history as the claim relay
-leaves it, then on the same history as the event-log relay leaves it, with the same expected
-results.
 """
 
 import uuid
@@ -20,7 +17,7 @@ from analytics.services import analytics_run_execute
 from analytics.spark import spark_session_get, spark_session_stop
 from inbox.models import InboxMessage
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
-from tests.analytics.factories import RELAYS, SLA, History, history_start, planted_history
+from tests.analytics.factories import SLA, History, history_start, planted_history
 from tests.conftest import KAFKA_TIMEOUT_SECONDS
 
 
@@ -32,16 +29,10 @@ def spark() -> Iterator[Any]:
     spark_session_stop()
 
 
-@pytest.fixture(scope="module", params=RELAYS)
-def relay(request: pytest.FixtureRequest) -> str:
-    """The relay that delivered the planted history (tests/analytics/factories.py)."""
-    return str(request.param)
-
-
 @pytest.fixture(scope="module")
-def history_topics(kafka_admin: AdminClient, relay: str) -> Iterator[dict[str, str]]:
-    """Topics of the module's history, new for each relay: a Kafka scan of one history
-    never reads the records of the other."""
+def history_topics(kafka_admin: AdminClient) -> Iterator[dict[str, str]]:
+    """Topics of the module's history, new for each module: a Kafka scan of one history
+    never reads the records of another."""
     suffix = uuid.uuid4().hex[:10]
     topics = {
         "orders": f"test.analytics.orders.{suffix}",
@@ -72,12 +63,10 @@ def planted(
     django_db_blocker: Any,
     spark: Any,
     history_topics: dict[str, str],
-    relay: str,
 ) -> Iterator[tuple[History, AnalyticsRun]]:
-    """The planted history as `relay` delivered it, committed, and the job's run over its
-    window."""
+    """The planted history, committed, and the job's run over its window."""
     with django_db_blocker.unblock():
-        history = planted_history(topics=history_topics, since=history_start(), relay=relay)
+        history = planted_history(topics=history_topics, since=history_start())
         with analytics_settings(history):
             run = analytics_run_execute(since=history.since, until=history.until, spark=spark)
     yield history, run

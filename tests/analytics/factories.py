@@ -4,9 +4,9 @@
 and returns what the analytics job must find in them: every lag, every duplicate count and
 every planted problem, computed here in plain Python.
 
-The same history is written the way either relay leaves it: the claim relay's outcome on the
-event rows, or the event-log relay's delivery records and held events beside rows it never
-updates. What the job must find does not depend on the relay.
+The history is written the way the relay leaves it: delivery records and held events beside
+event rows it never updates. Part of it went out before the claim relay was removed, and
+reads as migration 0012 handed it over: PUBLISHED records under that relay's name.
 """
 
 import random
@@ -26,11 +26,9 @@ from project.kafka import kafka_connection_config
 SLA = timedelta(minutes=5)
 TYPES_BY_TOPIC_ROLE = {"orders": ("order.created", "order.paid"), "users": ("user.signed_up",)}
 GROUPS_BY_TOPIC_ROLE = {"orders": ("billing", "shipping"), "users": ("audit",)}
-# How the history is delivered: by the claim relay (the default), or by the event-log relay
-# (settings.OUTBOX_RELAY_LOG), which took over from the claim relay within the window.
-CLAIM_RELAY = "claim"
-EVENT_LOG_RELAY = "event_log"
-RELAYS = (CLAIM_RELAY, EVENT_LOG_RELAY)
+# The relay name on the records of the events the claim relay delivered before its removal
+# (outbox/migrations/0012_claim_relay_removed.py writes them).
+CLAIM_RELAY_HANDED_OVER = "claim-relay"
 # A replay goes out this long after the event's first publication.
 REPLAY_DELAY = timedelta(minutes=30)
 
@@ -121,11 +119,14 @@ def delivery_record(
     partition: int | None = None,
     offset: int | None = None,
     error: str = "",
+    relay: str | None = None,
 ) -> OutboxDelivery:
-    """A delivery record as the event-log relay (or an operator's discard) appends it
-    (unsaved: records of one event are saved in the order they happened)."""
+    """A delivery record as the relay (or an operator's discard) appends it (unsaved: records
+    of one event are saved in the order they happened)."""
     if outcome == OutboxDelivery.Outcome.FAILED and not error:
         error = "no delivery report in time"
+    if relay is None:
+        relay = "analytics-test" if outcome != OutboxDelivery.Outcome.DISCARDED else "operator"
     return OutboxDelivery(
         event_id=event_id,
         outcome=outcome,
@@ -133,7 +134,7 @@ def delivery_record(
         kafka_partition=partition,
         kafka_offset=offset,
         error=error,
-        relay="analytics-test" if outcome != OutboxDelivery.Outcome.DISCARDED else "operator",
+        relay=relay,
     )
 
 
@@ -144,7 +145,7 @@ def held_event(
     next_attempt_at: datetime | None = None,
     last_error: str = "",
 ) -> OutboxHeldEvent:
-    """An event the event-log relay holds (unsaved): a failed head waiting for its retry
+    """An event the relay holds (unsaved): a failed head waiting for its retry
     (attempts > 0, next_attempt_at set), one whose attempts are spent (next_attempt_at None),
     or one queued behind its key's head or replayed (attempts 0)."""
     return OutboxHeldEvent(
@@ -174,31 +175,19 @@ def failed_tries(*, event_id: str | uuid.UUID, count: int, after: datetime) -> l
 
 @dataclass
 class _EventLog:
-    """How one event looks after the event-log relay took over: its row (as publish() wrote
-    it, or as the claim relay left it before the switch), its delivery records in order, and
-    its held row."""
+    """What the relay recorded of one event: its delivery records in order, and its held
+    row."""
 
     records: list[OutboxDelivery] = field(default_factory=list)
     held_attempts: int | None = None  # None: not held
     held_next_attempt_at: datetime | None = None
-    # The claim relay delivered the event before the switch: its row is final.
-    claim_row: bool = False
-    # Otherwise the row as the event-log relay found it: never updated since publish(), or
-    # tried (and published) by the claim relay before the switch.
-    row_status: str = OutboxEvent.Status.PENDING
-    row_attempts: int = 0
-    row_placement: tuple[datetime | None, int | None, int | None] = (None, None, None)
 
 
-def planted_history(
-    *, topics: dict[str, str], since: datetime, seed: int = 7, relay: str = CLAIM_RELAY
-) -> History:
+def planted_history(*, topics: dict[str, str], since: datetime, seed: int = 7) -> History:
     """Writes two hours of history for the `orders` and `users` topics (committed: call with
-    database access outside a test transaction, Spark reads it over JDBC), as `relay`
-    delivered it. With the event-log relay, some events went out through the claim relay
-    before the switch (rows DONE), some were tried by it and taken over, and the rest have
-    rows left PENDING forever, delivery records and held events."""
-    assert relay in RELAYS, relay
+    database access outside a test transaction, Spark reads it over JDBC): event rows as
+    publish() wrote them, the relay's delivery records and held events. Some events went out
+    through the claim relay before its removal (records as migration 0012 wrote them)."""
     rng = random.Random(seed)
     history = History(since=since, until=since + timedelta(hours=2), topics=topics)
     kafka = _Kafka()
@@ -233,20 +222,20 @@ def planted_history(
         hour = created.replace(minute=0, second=0, microsecond=0)
         status = OutboxEvent.Status.DONE
         attempts = 1
-        discarded_at = None
+        handed_over = False  # published by the claim relay, before its removal
         log = logs[event_id] = _EventLog()
         replayed = (role, index) in (("orders", 161), ("users", 60))
         if role == "orders" and index == 3:
-            # Stuck: never tried (the event-log relay has not read it).
+            # Stuck: never tried (the relay has not read it).
             status, attempts = OutboxEvent.Status.PENDING, 0
         elif role == "orders" and index == 4:
-            # Stuck: failed twice, waiting for its retry (the event-log relay holds its key).
+            # Stuck: failed twice, waiting for its retry (the relay holds its key).
             status, attempts = OutboxEvent.Status.PENDING, 2
             log.records = failed_tries(event_id=event_id, count=2, after=created)
             log.held_attempts = 2
             log.held_next_attempt_at = datetime.now(tz=UTC) + timedelta(hours=1)
         elif role == "orders" and index == 5:
-            # Attempts spent: FAILED (held for good by the event-log relay).
+            # Attempts spent: FAILED (held for good by the relay).
             status, attempts = OutboxEvent.Status.FAILED, 10
             log.records = failed_tries(event_id=event_id, count=10, after=created)
             log.held_attempts = 10
@@ -262,13 +251,9 @@ def planted_history(
             ]
         elif index % 17 == 0 and not replayed:
             attempts = 3  # retried by the relay, then published
-            if index % 2:
-                # Tried twice by the claim relay, then taken over by the event-log relay.
-                log.row_attempts = 2
-            else:
-                log.records = failed_tries(event_id=event_id, count=2, after=created)
+            log.records = failed_tries(event_id=event_id, count=2, after=created)
         elif index % 4 == 0 and not replayed:
-            log.claim_row = True  # delivered by the claim relay before the switch
+            handed_over = True
         counts = relay_counts[(hour, topic)]
         counts["events"] += 1
         counts["published"] += status == OutboxEvent.Status.DONE
@@ -301,19 +286,16 @@ def planted_history(
                     at=published,
                     partition=partition,
                     offset=offset,
+                    # Users 60 went out first through the claim relay, then, replayed, through
+                    # the relay that replaced it.
+                    relay=CLAIM_RELAY_HANDED_OVER
+                    if handed_over or (replayed and role == "users")
+                    else None,
                 )
             )
             if replayed:
                 # Replayed by an operator with its own id: published again, a second copy in
-                # the log; the event's row (claim relay) or its latest record (event-log relay)
-                # tells the second publication. Orders 161 went out through the event-log
-                # relay both times; users 60 through the claim relay, before the switch, and
-                # then through the event-log relay.
-                if role == "users":
-                    log.records = []
-                    log.row_status = OutboxEvent.Status.DONE
-                    log.row_attempts = 1
-                    log.row_placement = (published, partition, offset)
+                # the log; the event's latest record tells the second publication.
                 published = published + REPLAY_DELAY
                 partition, offset = kafka.send(topic, key, event_id)
                 log.records.append(
@@ -339,13 +321,7 @@ def planted_history(
                 payload={"n": index},
                 topic=topic,
                 key=key,
-                status=status,
-                attempts=attempts,
                 created_at=created,
-                published_at=published,
-                kafka_partition=partition,
-                kafka_offset=offset,
-                discarded_at=discarded_at,
             )
         )
         if published is None or received_from is None:
@@ -403,7 +379,8 @@ def planted_history(
     # Records the job must ignore: another producer's event, and a record with no event id.
     kafka.send(topics["orders"], "foreign", str(uuid.uuid4()))
     kafka.send(topics["orders"], "foreign", None)
-    # An event outside the window, with a problem the job must not report for this window.
+    # An event outside the window, never sent (stuck), a problem the job must not report for
+    # this window.
     outside = since - timedelta(minutes=30)
     events.append(
         OutboxEvent(
@@ -413,16 +390,12 @@ def planted_history(
             payload={},
             topic=topics["orders"],
             key="outside",
-            status=OutboxEvent.Status.PENDING,
             created_at=outside,
         )
     )
 
-    if relay == EVENT_LOG_RELAY:
-        _rows_as_event_log(events, logs)
     OutboxEvent.objects.bulk_create(events)
-    if relay == EVENT_LOG_RELAY:
-        _event_log_write(events, logs)
+    _event_log_write(events, logs)
     InboxMessage.objects.bulk_create(messages)
     history.relay = dict(relay_counts)
     history.kafka_records = kafka.count
@@ -431,27 +404,14 @@ def planted_history(
     return history
 
 
-def _rows_as_event_log(events: list[OutboxEvent], logs: dict[str, _EventLog]) -> None:
-    """The rows as the event-log relay leaves them: untouched since publish() (or since the
-    claim relay's last update before the switch)."""
-    for event in events:
-        log = logs.get(str(event.id))
-        if log is None or log.claim_row:
-            continue
-        event.status = log.row_status
-        event.attempts = log.row_attempts
-        event.published_at, event.kafka_partition, event.kafka_offset = log.row_placement
-        event.discarded_at = None
-
-
 def _event_log_write(events: list[OutboxEvent], logs: dict[str, _EventLog]) -> None:
-    """The event-log relay's delivery records (in the order they happened, event by event)
-    and held events."""
+    """The relay's delivery records (in the order they happened, event by event) and held
+    events."""
     records: list[OutboxDelivery] = []
     held: list[OutboxHeldEvent] = []
     for event in events:
         log = logs.get(str(event.id))
-        if log is None or log.claim_row:
+        if log is None:
             continue
         records += log.records
         if log.held_attempts is not None:

@@ -1,7 +1,7 @@
 """The job on a planted history: lags against numpy, exact counts, and every planted problem
-found with nothing else. The history and the run are made once for each relay
-(tests/analytics/conftest.py): every test here runs on the history as the claim relay leaves
-it and again on the same history as the event-log relay leaves it, against the same figures."""
+found with nothing else. The history and the run are made once for the module
+(tests/analytics/conftest.py): delivery records and held events beside event rows the relay
+never updates."""
 
 import math
 from typing import Any
@@ -19,7 +19,7 @@ from analytics.models import (
     RelayStat,
 )
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
-from tests.analytics.factories import EVENT_LOG_RELAY, History
+from tests.analytics.factories import CLAIM_RELAY_HANDED_OVER, History
 
 pytestmark = [pytest.mark.django_db, pytest.mark.kafka]
 
@@ -112,26 +112,20 @@ def test_reconciliation_finds_every_planted_problem_and_nothing_else(
         assert run.summary[kind] == sum(1 for k, _, _ in history.findings if k == kind)
 
 
-def test_the_history_is_written_the_way_its_relay_leaves_it(
-    planted: tuple[History, AnalyticsRun], relay: str
+def test_the_history_holds_every_kind_of_delivery_record(
+    planted: tuple[History, AnalyticsRun],
 ) -> None:
-    """The event-log history must not be the claim relay's in disguise: its rows stay PENDING
-    (but for those the claim relay delivered before the switch), and the outcomes are in the
-    delivery records and held events."""
+    """The figures come from delivery records and held events of every kind: each outcome,
+    a held head backing off and one whose attempts are spent, a replay, and the records
+    migration 0012 wrote for what the claim relay delivered before its removal."""
     history, _ = planted
     rows = OutboxEvent.objects.filter(created_at__gte=history.since, created_at__lt=history.until)
-    outcomes = set(OutboxDelivery.objects.values_list("outcome", flat=True))
-    if relay != EVENT_LOG_RELAY:
-        assert not outcomes
-        assert not OutboxHeldEvent.objects.exists()
-        assert rows.filter(status=OutboxEvent.Status.DONE).count() > history.outbox_rows / 2
-        return
-    assert outcomes == set(OutboxDelivery.Outcome.values)
-    assert not rows.filter(status=OutboxEvent.Status.FAILED).exists()
-    assert not rows.filter(discarded_at__isnull=False).exists()
-    pending = rows.filter(status=OutboxEvent.Status.PENDING, published_at__isnull=True)
-    assert pending.count() > history.outbox_rows / 2
-    assert rows.filter(status=OutboxEvent.Status.DONE).exists()  # before the switch
+    assert rows.count() == history.outbox_rows
+    records = OutboxDelivery.objects.filter(event_id__in=rows.values("id"))
+    assert set(records.values_list("outcome", flat=True)) == set(OutboxDelivery.Outcome.values)
+    handed_over = records.filter(relay=CLAIM_RELAY_HANDED_OVER)
+    assert handed_over.count() > history.outbox_rows / 10
+    assert set(handed_over.values_list("outcome", flat=True)) == {"PUBLISHED"}
     assert OutboxHeldEvent.objects.filter(attempts__gt=0, next_attempt_at__isnull=True).exists()
     assert OutboxHeldEvent.objects.filter(next_attempt_at__isnull=False).exists()
     replayed = (

@@ -1,7 +1,8 @@
 """The job's SQL reading of an event's delivery, without Spark: the queries the job sends over
-JDBC, run by the test's own connection. Each kind of history either relay leaves gives the
-status and placement of outbox.selectors.outbox_events_with_delivery and the attempts the
-claim relay would have counted; a partitioned read's range of created_at reaches the index."""
+JDBC, run by the test's own connection. Each kind of history the relay leaves gives the
+status and placement of outbox.selectors.outbox_events_with_delivery and the attempts of the
+event's latest delivery; every PENDING event is found without its delivery records; a
+partitioned read's range of created_at reaches the index."""
 
 import json
 from collections.abc import Sequence
@@ -15,7 +16,8 @@ from django.db import connection
 from analytics import jobs
 from outbox.models import OutboxDelivery, OutboxEvent
 from outbox.selectors import outbox_events_with_delivery
-from tests.analytics.factories import delivery_record, held_event
+from outbox.services.event_log import ALL_SHARDS
+from tests.analytics.factories import CLAIM_RELAY_HANDED_OVER, delivery_record, held_event
 
 pytestmark = pytest.mark.django_db
 
@@ -25,96 +27,84 @@ UNTIL = T0 + timedelta(hours=1)
 PUBLISHED = OutboxDelivery.Outcome.PUBLISHED
 DISCARDED = OutboxDelivery.Outcome.DISCARDED
 FAILED = OutboxDelivery.Outcome.FAILED
-DONE_ROW = {"status": OutboxEvent.Status.DONE, "attempts": 1}
 # When a held head waiting for its retry is due.
 LATER = datetime.now(tz=UTC) + timedelta(hours=1)
 
 
 @dataclass(frozen=True)
 class Case:
-    """An event's row, its delivery records (outcome, seconds after creation, partition,
-    offset) in order, its held row (attempts, next attempt due), and what the job reads."""
+    """An event's delivery records (outcome, seconds after creation, partition, offset) in
+    order, its held row (attempts, next attempt due), and what the job reads. Its row is as
+    publish() wrote it: the relay never updates it."""
 
-    row: dict[str, Any]
     records: Sequence[tuple[str, int, int | None, int | None]] = ()
     held: tuple[int, datetime | None] | None = None
     status: str = OutboxEvent.Status.DONE
     attempts: int = 1
+    # The records' relay; None: the relay's own name (the operator's for a discard).
+    relay: str | None = None
 
 
 CASES = {
-    # The claim relay's rows.
-    "claim: published": Case(
-        row={**DONE_ROW, "published_after": 1, "kafka_partition": 0, "kafka_offset": 5}
-    ),
-    "claim: not yet claimed": Case(row={}, status="PENDING", attempts=0),
-    "claim: discarded": Case(
-        row={"status": "FAILED", "attempts": 10, "discarded": True}, status="FAILED", attempts=10
-    ),
-    # The event-log relay's records and held events; its rows stay as publish() wrote them.
-    "log: published": Case(row={}, records=[(PUBLISHED, 1, 1, 7)]),
-    "log: retried, then published": Case(
-        row={},
+    "not yet sent": Case(status="PENDING", attempts=0),
+    "published": Case(records=[(PUBLISHED, 1, 1, 7)]),
+    "retried, then published": Case(
         records=[(FAILED, 1, None, None), (FAILED, 2, None, None), (PUBLISHED, 3, 0, 9)],
         attempts=3,
     ),
-    "log: queued behind its key's head": Case(row={}, held=(0, None), status="PENDING", attempts=0),
-    "log: waiting for its retry": Case(
-        row={}, records=[(FAILED, 1, None, None)] * 2, held=(2, LATER), status="PENDING", attempts=2
+    "queued behind its key's head": Case(held=(0, None), status="PENDING", attempts=0),
+    "waiting for its retry": Case(
+        records=[(FAILED, 1, None, None)] * 2, held=(2, LATER), status="PENDING", attempts=2
     ),
-    "log: attempts spent": Case(
-        row={}, records=[(FAILED, 1, None, None)] * 3, held=(3, None), status="FAILED", attempts=3
+    "attempts spent": Case(
+        records=[(FAILED, 1, None, None)] * 3, held=(3, None), status="FAILED", attempts=3
     ),
-    "log: discarded": Case(
-        row={},
+    "discarded": Case(
         records=[(FAILED, 1, None, None)] * 2 + [(DISCARDED, 60, None, None)],
         status="FAILED",
         attempts=2,
     ),
-    "log: replayed": Case(row={}, records=[(PUBLISHED, 1, 0, 3), (PUBLISHED, 600, 1, 40)]),
-    "log: replayed, waiting for its turn": Case(
-        row={}, records=[(PUBLISHED, 1, 0, 3)], held=(0, None), status="PENDING", attempts=0
+    "replayed": Case(records=[(PUBLISHED, 1, 0, 3), (PUBLISHED, 600, 1, 40)]),
+    "replayed, waiting for its turn": Case(
+        records=[(PUBLISHED, 1, 0, 3)], held=(0, None), status="PENDING", attempts=0
     ),
-    "log: replayed, failing": Case(
-        row={},
+    "replayed, failing": Case(
         records=[(PUBLISHED, 1, 0, 3), (FAILED, 600, None, None)],
         held=(1, LATER),
         status="PENDING",
         attempts=1,
     ),
-    "log: discarded, replayed": Case(
-        row={},
+    "discarded, replayed": Case(
         records=[(FAILED, 1, None, None), (DISCARDED, 60, None, None), (PUBLISHED, 600, 1, 2)],
     ),
-    # An operator's retry of a spent event leaves no record: the tries before it count too
-    # (the claim relay starts again from 0).
-    "log: spent, retried by an operator, published": Case(
-        row={}, records=[(FAILED, 1, None, None)] * 3 + [(PUBLISHED, 900, 0, 8)], attempts=4
+    # An operator's retry of a spent event leaves no record: the tries before it count too.
+    "spent, retried by an operator, published": Case(
+        records=[(FAILED, 1, None, None)] * 3 + [(PUBLISHED, 900, 0, 8)], attempts=4
     ),
-    # Across the switch: rows the claim relay wrote, records of the event-log relay.
-    "switch: tried by the claim relay, published by the event-log relay": Case(
-        row={"attempts": 2}, records=[(PUBLISHED, 30, 1, 11)], attempts=3
+    # What the claim relay left, as migration 0012 handed it over (records under its name):
+    # published; tried and still failing (its last error as one FAILED record, held with the
+    # attempts it had counted); spent, then discarded by an operator.
+    "handed over: published by the claim relay": Case(
+        records=[(PUBLISHED, 1, 0, 1)], relay=CLAIM_RELAY_HANDED_OVER
     ),
-    "switch: published by the claim relay, replayed by the event-log relay": Case(
-        row={**DONE_ROW, "published_after": 1, "kafka_partition": 0, "kafka_offset": 1},
-        records=[(PUBLISHED, 600, 1, 12)],
+    "handed over: tried, waiting for its retry": Case(
+        records=[(FAILED, 1, None, None)],
+        held=(4, LATER),
+        status="PENDING",
+        attempts=4,
+        relay=CLAIM_RELAY_HANDED_OVER,
     ),
-    "switch: FAILED on the claim relay, taken over": Case(
-        row={"status": "FAILED", "attempts": 5}, held=(5, None), status="FAILED", attempts=5
-    ),
-    "switch: FAILED on the claim relay, taken over, discarded": Case(
-        row={"status": "FAILED", "attempts": 5},
-        records=[(DISCARDED, 60, None, None)],
+    "handed over: attempts spent": Case(
+        records=[(FAILED, 1, None, None)],
+        held=(5, None),
         status="FAILED",
         attempts=5,
+        relay=CLAIM_RELAY_HANDED_OVER,
     ),
 }
 
 
 def _event(name: str, case: Case, created: datetime) -> OutboxEvent:
-    row = dict(case.row)
-    published_after = row.pop("published_after", None)
-    discarded = row.pop("discarded", False)
     event = OutboxEvent.objects.create(
         aggregate_type="orders",
         aggregate_id=name,
@@ -123,11 +113,6 @@ def _event(name: str, case: Case, created: datetime) -> OutboxEvent:
         topic="orders",
         key=name,
         created_at=created,
-        published_at=None
-        if published_after is None
-        else created + timedelta(seconds=published_after),
-        discarded_at=created + timedelta(minutes=5) if discarded else None,
-        **row,
     )
     for outcome, seconds, partition, offset in case.records:
         delivery_record(
@@ -136,6 +121,7 @@ def _event(name: str, case: Case, created: datetime) -> OutboxEvent:
             at=created + timedelta(seconds=seconds),
             partition=partition,
             offset=offset,
+            relay=case.relay,
         ).save()
     if case.held is not None:
         attempts, next_attempt_at = case.held
@@ -191,7 +177,75 @@ def test_the_job_reads_each_event_as_the_selector_shows_it() -> None:
         assert due == int(status == "DONE"), name
         assert stuck == int(status == "PENDING"), name
     # The latest publication of a replayed event, not the first.
-    assert read["log: replayed"][2:5] == (created["log: replayed"] + timedelta(seconds=600), 1, 40)
+    assert read["replayed"][2:5] == (created["replayed"] + timedelta(seconds=600), 1, 40)
+
+
+def _maybe_pending(names: dict[str, str]) -> dict[str, tuple[bool, str]]:
+    """Each event's maybe_pending and status, as the job's derived table gives them."""
+    config = jobs.JobConfig(
+        since=SINCE,
+        until=UNTIL,
+        as_of=T0 + timedelta(days=1),
+        source=jobs.JdbcSource(host="unused", port=5432, database="unused", user="", password=""),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT o.id::text, o.maybe_pending, o.status FROM {jobs._outbox_sql(config)} AS o"
+        )
+        return {names[row[0]]: (row[1], row[2]) for row in cursor.fetchall()}
+
+
+def test_every_pending_event_is_maybe_pending_without_cursors() -> None:
+    """With no cursor recorded (or none past the events), nothing is known to be sent: every
+    event is a candidate, and the delivery records decide."""
+    created = {name: T0 + timedelta(seconds=index) for index, name in enumerate(CASES)}
+    events = {name: _event(name, case, created[name]) for name, case in CASES.items()}
+    names = {str(event.id): name for name, event in events.items()}
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM outbox_relay_cursor")
+    read = _maybe_pending(names)
+    assert set(read) == set(CASES)
+    for name, case in CASES.items():
+        assert read[name] == (True, case.status), name
+
+
+@pytest.mark.django_db(transaction=True)
+def test_maybe_pending_spares_the_events_the_cursors_have_passed() -> None:
+    """The stuck read filters on maybe_pending before it reads any delivery record: an event
+    the relay's cursors have passed, not held, is delivered or discarded, and is spared; a
+    held one, or one committed after the cursors, is read."""
+    # The relay has read every event the cursors have passed: each has an outcome, or is held.
+    passed = {name: case for name, case in CASES.items() if case.records or case.held}
+    created = {name: T0 + timedelta(seconds=index) for index, name in enumerate(passed)}
+    events = {name: _event(name, case, created[name]) for name, case in passed.items()}
+    with connection.cursor() as cursor:
+        # A tick whose snapshot sees every event committed so far (its xmin past the last
+        # one's transaction: other sessions of the server could hold a taken snapshot's
+        # back), and every shard's cursor on it, as the relay leaves them after a batch.
+        cursor.execute("SELECT max(txid)::text::bigint + 1 FROM outbox_event")
+        xmin = cursor.fetchone()[0]
+        cursor.execute(
+            "INSERT INTO outbox_tick (snapshot) VALUES (%s::pg_snapshot) RETURNING id",
+            [f"{xmin}:{xmin}:"],
+        )
+        tick_id = cursor.fetchone()[0]
+        cursor.execute(
+            """
+            INSERT INTO outbox_relay_cursor (shards, tick_id, txid, position, relay)
+            VALUES (%s::smallint[], %s, '0'::xid8, 0, 'analytics-test')
+            """,
+            [list(ALL_SHARDS), tick_id],
+        )
+    late = "not yet sent, after the cursors"
+    events[late] = _event(late, CASES["not yet sent"], T0 + timedelta(minutes=30))
+    names = {str(event.id): name for name, event in events.items()}
+    read = _maybe_pending(names)
+    assert set(read) == {*passed, late}
+    assert read[late] == (True, "PENDING")
+    for name, case in passed.items():
+        maybe_pending, status = read[name]
+        assert status == case.status, name
+        assert maybe_pending == (case.held is not None), name
 
 
 def _index_conditions(plan: Any) -> list[str]:

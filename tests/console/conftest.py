@@ -3,18 +3,20 @@ inbox rows in any state, written through the services or as the relay would leav
 
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.cache import cache
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 import outbox
 from inbox.models import InboxMessage
-from outbox.models import OutboxEvent
+from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
+from outbox.services.event_log import OPERATOR_RELAY, shard_of
 
 VIEW_PERMISSIONS = (
     "outbox.view_outboxevent",
@@ -30,6 +32,8 @@ ACTION_PERMISSIONS = (
     "inbox.replay_inboxmessage",
     "inbox.discard_inboxmessage",
 )
+# The relay named on the delivery records the fixtures write.
+RELAY = "relay-1"
 
 
 @pytest.fixture(autouse=True)
@@ -78,10 +82,48 @@ def client_for(user: User) -> APIClient:
     return client
 
 
+def _transaction_id(event: OutboxEvent) -> int:
+    """The id of the transaction that wrote `event` (PostgreSQL's, not a model field)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT txid::text::bigint FROM outbox_event WHERE id = %s", [event.pk])
+        return int(cursor.fetchone()[0])
+
+
+def hold(
+    event: OutboxEvent, *, attempts: int = 0, next_attempt_at: Any = None, error: str = ""
+) -> OutboxHeldEvent:
+    """Holds `event` as the relay does: a failed head with its attempts, or (no attempts) an
+    event queued behind its key's head."""
+    return OutboxHeldEvent.objects.create(
+        event_id=event.pk,
+        shard=shard_of(event.key),
+        topic=event.topic,
+        key=event.key,
+        transaction_id=_transaction_id(event),
+        position=event.position,
+        attempts=attempts,
+        next_attempt_at=next_attempt_at,
+        last_error=error,
+    )
+
+
+def deliver(event: OutboxEvent, outcome: str, **fields: Any) -> OutboxDelivery:
+    """A delivery record of `event`, as the relay (or an operator's discard) writes it."""
+    fields.setdefault("published_at", timezone.now())
+    fields.setdefault("relay", RELAY)
+    return OutboxDelivery.objects.create(event_id=event.pk, outcome=outcome, **fields)
+
+
 @pytest.fixture
 def make_event(db: Any) -> Callable[..., OutboxEvent]:
     """An outbox event published through outbox.publish, then put in `status` as the relay
-    would leave it."""
+    leaves it, in its delivery records and held set (the row is never changed):
+    - PENDING: not read by the relay yet (hold() queues it behind its key's head); with
+      `attempts`, a head backing off after that many failed tries;
+    - FAILED: a head whose `attempts` (10) are spent, waiting for an operator; with
+      `discarded_at`, discarded by an operator then;
+    - DONE: published (after `attempts` - 1 failed tries) at `published_at`, to
+      `kafka_partition` 0, `kafka_offset` 41."""
 
     def make(
         status: str = OutboxEvent.Status.PENDING,
@@ -91,7 +133,11 @@ def make_event(db: Any) -> Callable[..., OutboxEvent]:
         event_type: str = "OrderPlaced",
         aggregate_type: str = "order",
         error: str = "MSG_TIMED_OUT: Local: Message timed out",
-        **fields: Any,
+        attempts: int | None = None,
+        published_at: datetime | None = None,
+        kafka_partition: int = 0,
+        kafka_offset: int = 41,
+        discarded_at: datetime | None = None,
     ) -> OutboxEvent:
         aggregate_id = key or f"order-{uuid.uuid4().hex[:8]}"
         with transaction.atomic():
@@ -103,17 +149,28 @@ def make_event(db: Any) -> Callable[..., OutboxEvent]:
                 topic=topic,
                 headers={"tenant": "acme"},
             )
-        updates: dict[str, Any] = {"status": status, **fields}
-        if status == OutboxEvent.Status.FAILED:
-            updates.setdefault("attempts", 10)
-            updates.setdefault("last_error", error)
-        if status == OutboxEvent.Status.DONE:
-            updates.setdefault("attempts", 1)
-            updates.setdefault("published_at", timezone.now())
-            updates.setdefault("kafka_partition", 0)
-            updates.setdefault("kafka_offset", 41)
-        OutboxEvent.objects.filter(pk=event.pk).update(**updates)
         event.refresh_from_db()
+        Status = OutboxEvent.Status
+        default_attempts = {Status.FAILED.value: 10, Status.DONE.value: 1}.get(status, 0)
+        tries = default_attempts if attempts is None else attempts
+        failures = tries - 1 if status == Status.DONE else tries
+        for _ in range(failures):
+            deliver(event, "FAILED", error=error)
+        if status == Status.DONE:
+            deliver(
+                event,
+                "PUBLISHED",
+                published_at=published_at or timezone.now(),
+                kafka_partition=kafka_partition,
+                kafka_offset=kafka_offset,
+            )
+        elif status == Status.FAILED and discarded_at is not None:
+            deliver(event, "DISCARDED", published_at=discarded_at, relay=OPERATOR_RELAY)
+        elif status == Status.FAILED:
+            hold(event, attempts=tries, error=error)
+        elif tries:
+            backoff_ends = timezone.now() + timedelta(minutes=5)
+            hold(event, attempts=tries, next_attempt_at=backoff_ends, error=error)
         return event
 
     return make

@@ -7,7 +7,8 @@ from django.test import Client
 from console.models import OperatorAction
 from inbox.models import InboxMessage
 from outbox.models import OutboxEvent
-from tests.console.conftest import VIEW_PERMISSIONS
+from outbox.selectors import outbox_event_delivered, outbox_events_with_delivery
+from tests.console.conftest import VIEW_PERMISSIONS, hold
 
 pytestmark = pytest.mark.django_db
 
@@ -21,6 +22,11 @@ def logged_in(user) -> Client:
     return client
 
 
+def delivery(event):
+    """`event` with its delivery as users see it, read now."""
+    return outbox_event_delivered(event_id=event.pk)
+
+
 @pytest.fixture
 def kafka_unreachable(settings):
     settings.KAFKA_BOOTSTRAP_SERVERS = "127.0.0.1:1"
@@ -28,12 +34,11 @@ def kafka_unreachable(settings):
     settings.CONSOLE_CONSUMER_GROUPS = ["billing"]
 
 
-@pytest.mark.usefixtures("claim_relay")
 def test_dashboard_shows_counts_failures_keys_and_health(
     operator, make_event, make_message, kafka_unreachable
 ):
     make_event(OutboxEvent.Status.FAILED, key="order-9", error="MSG_TIMED_OUT: Local: timed out")
-    make_event(OutboxEvent.Status.PENDING, key="order-9")
+    hold(make_event(OutboxEvent.Status.PENDING, key="order-9"))  # behind the failed head
     make_event(OutboxEvent.Status.DONE)
     make_message(InboxMessage.Status.FAILED, duplicate_count=2)
     response = logged_in(operator).get("/admin/")
@@ -191,28 +196,40 @@ def _post_action(client, url, action, ids):
 @pytest.mark.parametrize(
     ("action", "status", "permission", "check"),
     [
-        ("retry_selected", "FAILED", "outbox.retry_outboxevent", lambda e: e.status == "PENDING"),
-        ("discard_selected", "FAILED", "outbox.discard_outboxevent", lambda e: e.discarded_at),
-        ("replay_same_id", "DONE", "outbox.replay_outboxevent", lambda e: e.status == "PENDING"),
+        (
+            "retry_selected",
+            "FAILED",
+            "outbox.retry_outboxevent",
+            lambda e: e.delivery_status == "PENDING",
+        ),
+        (
+            "discard_selected",
+            "FAILED",
+            "outbox.discard_outboxevent",
+            lambda e: e.delivery_discarded_at,
+        ),
+        (
+            "replay_same_id",
+            "DONE",
+            "outbox.replay_outboxevent",
+            lambda e: e.delivery_status == "PENDING",
+        ),
     ],
 )
-@pytest.mark.usefixtures("claim_relay")
 def test_outbox_actions_need_their_permission_and_are_audited(
     make_user, make_event, action, status, permission, check
 ):
     event = make_event(status)
     without = logged_in(make_user(*VIEW_PERMISSIONS))
     _post_action(without, EVENTS, action, [event.pk])
-    event.refresh_from_db()
-    assert event.status == status
-    assert event.discarded_at is None
+    assert delivery(event).delivery_status == status
+    assert delivery(event).delivery_discarded_at is None
     assert not OperatorAction.objects.exists()
 
     with_permission = logged_in(make_user(*VIEW_PERMISSIONS, permission, username="ops"))
     response = _post_action(with_permission, EVENTS, action, [event.pk])
     assert response.status_code == 302
-    event.refresh_from_db()
-    assert check(event)
+    assert check(delivery(event))
     entry = OperatorAction.objects.get()
     assert (entry.username, entry.source, entry.requested, entry.changed) == ("ops", "admin", 1, 1)
     assert entry.object_ids == [str(event.pk)]
@@ -265,7 +282,6 @@ def test_a_refused_transition_is_a_message_not_an_error_page(operator, make_even
     assert "replay it instead" in response.content.decode()
 
 
-@pytest.mark.usefixtures("claim_relay")
 def test_retry_matching_counts_confirms_and_freezes_the_ids(
     operator, make_event, settings, monkeypatch, django_capture_on_commit_callbacks
 ):
@@ -306,20 +322,19 @@ def test_retry_matching_counts_confirms_and_freezes_the_ids(
     assert (entry.requested, entry.changed, entry.chunks_pending) == (5, 5, 0)
     assert entry.filters == {"status__exact": ["FAILED"], "topic": ["console.payments"]}
     assert entry.note == "after the broker upgrade"
-    late.refresh_from_db()
-    other.refresh_from_db()
-    assert late.status == other.status == "FAILED"
-    assert OutboxEvent.objects.filter(topic="console.payments", status="PENDING").count() == 5
+    assert delivery(late).delivery_status == delivery(other).delivery_status == "FAILED"
+    payments = outbox_events_with_delivery(OutboxEvent.objects.filter(topic="console.payments"))
+    assert payments.filter(delivery_status="PENDING").count() == 5
 
 
 def test_retry_matching_needs_the_retry_permission(viewer):
     assert logged_in(viewer).get(f"{EVENTS}retry-matching/").status_code == 403
 
 
-@pytest.mark.usefixtures("claim_relay")
 def test_release_key_confirms_then_releases(operator, make_event):
     blocked = make_event(OutboxEvent.Status.FAILED, key="order-5")
     waiting = make_event(OutboxEvent.Status.PENDING, key="order-5")
+    hold(waiting)  # behind the failed head
     client = logged_in(operator)
     url = f"{EVENTS}release-key/"
     page = client.get(url, {"topic": "console.orders", "key": "order-5"})
@@ -327,10 +342,8 @@ def test_release_key_confirms_then_releases(operator, make_event):
     assert page.context["failed"] == 1
     response = client.post(url, {"topic": "console.orders", "key": "order-5", "note": "n"})
     assert response.status_code == 302
-    blocked.refresh_from_db()
-    waiting.refresh_from_db()
-    assert blocked.discarded_at is not None
-    assert waiting.status == "PENDING"
+    assert delivery(blocked).delivery_discarded_at is not None
+    assert delivery(waiting).delivery_status == "PENDING"
     assert OperatorAction.objects.get().action == OperatorAction.Action.OUTBOX_KEY_RELEASE
 
 

@@ -1,7 +1,6 @@
-"""The outbox pages of the admin and the REST API with the event-log relay (OUTBOX_RELAY_LOG):
-status, attempts, error, publication and discard come from the delivery records and the held
-set, never from the event row (which that relay leaves PENDING); every attempt is listed; the
-repairs act on held events.
+"""The outbox pages of the admin and the REST API on what the relay records: status, attempts,
+error, publication and discard come from the delivery records and the held set (the event row
+is never changed); every attempt is listed; the repairs act on held events.
 
 Most tests write the records the relay writes (OutboxDelivery, OutboxHeldEvent) directly; the
 last ones drive a real LogRelay against Kafka and read the pages of its own records."""
@@ -17,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from console.models import OperatorAction
-from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
+from outbox.models import OutboxDelivery, OutboxHeldEvent
 from outbox.producer import close_producers
 from outbox.services.event_log import shard_of
 from tests.conftest import publish_numbered
@@ -72,9 +71,8 @@ TOO_BIG = "MSG_SIZE_TOO_LARGE: Broker: Message too large"
 
 
 @pytest.fixture
-def log_relay_events(settings, make_event):
-    """One event in each state, as the event-log relay leaves them: every row PENDING."""
-    settings.OUTBOX_RELAY_LOG = True
+def log_relay_events(make_event):
+    """One event in each state, as the relay leaves them."""
     start = timezone.now() - timedelta(minutes=10)
     done = make_event(key="k-done")
     record(done, "FAILED", at=start, error=TIMED_OUT)
@@ -89,7 +87,6 @@ def log_relay_events(settings, make_event):
     record(discarded, "FAILED", at=start, error=TOO_BIG)
     record(discarded, "DISCARDED", at=start + timedelta(seconds=3), relay="operator")
     pending = make_event(key="k-pending")
-    assert set(OutboxEvent.objects.values_list("status", flat=True)) == {"PENDING"}
     return {
         "done": done,
         "failed": failed,
@@ -120,13 +117,13 @@ def test_api_shows_the_delivery_of_each_state(viewer, log_relay_events):
     for name in ("waiting", "pending"):
         row = rows[str(log_relay_events[name].pk)]
         assert (row["status"], row["attempts"], row["published_at"]) == ("PENDING", 0, None)
-    # When each is tried next: never once delivered, discarded or spent; a held head when its
-    # backoff ends; an event not read yet as soon as the relay reads it.
+    # When each is tried next: a held head when its backoff ends; none once delivered,
+    # discarded or spent, nor for an event waiting its turn (behind its key's head, or not read
+    # by the relay yet).
     assert [
         rows[str(log_relay_events[name].pk)]["next_attempt_at"]
-        for name in ("done", "failed", "discarded", "waiting")
-    ] == [None, None, None, None]
-    assert rows[str(log_relay_events["pending"].pk)]["next_attempt_at"] is not None
+        for name in ("done", "failed", "discarded", "waiting", "pending")
+    ] == [None, None, None, None, None]
     backing_off = timezone.now() + timedelta(minutes=5)
     OutboxHeldEvent.objects.filter(event_id=log_relay_events["failed"].pk).update(
         next_attempt_at=backing_off
@@ -208,13 +205,6 @@ def test_attempts_endpoint_lists_the_records_oldest_first(viewer, log_relay_even
     assert missing.json()["code"] == "not_found"
     assert client.get(f"{API}nope/attempts/").json()["code"] == "invalid_id"
     assert client_for(make_user()).get(f"{API}{failed.pk}/attempts/").status_code == 403
-
-
-@pytest.mark.django_db
-def test_the_attempts_endpoint_is_empty_for_the_claim_relay(viewer, make_event):
-    event = make_event(OutboxEvent.Status.DONE)
-    body = client_for(viewer).get(f"{API}{event.pk}/attempts/").json()
-    assert body["results"] == []
 
 
 @pytest.mark.django_db
@@ -305,6 +295,7 @@ def test_admin_list_shows_and_filters_the_delivery(viewer, log_relay_events):
     html = client.get(ADMIN).content.decode()
     assert "FAILED (discarded)" in html
     assert ">DONE<" in html
+    assert 'name="published_at_from_0"' in html  # the publication time's range filter
     assert listed(status__exact="DONE") == {"done"}
     assert listed(status__exact="FAILED") == {"failed", "discarded"}
     assert listed(status__exact="PENDING") == {"waiting", "pending"}
@@ -360,7 +351,7 @@ def test_admin_detail_shows_the_attempts_and_the_held_state(viewer, log_relay_ev
     history = done[done.index("console-attempts") :]
     assert history.index(first) < history.index(published)
     assert history.index(TIMED_OUT) < history.index("PUBLISHED")
-    assert "No attempt record" not in done
+    assert "No attempt yet." not in done
 
     failed = client.get(f"{ADMIN}{log_relay_events['failed'].pk}/change/").content.decode()
     assert "FAILED" in failed
@@ -385,28 +376,17 @@ def test_admin_detail_shows_the_attempts_and_the_held_state(viewer, log_relay_ev
     pending = client.get(f"{ADMIN}{log_relay_events['pending'].pk}/change/").content.decode()
     assert ">PENDING<" in pending
     assert (field(pending, "Attempts"), field(pending, "Next attempt")) == ("0", "-")
+    assert field(pending, "Held back") == "-"
     assert "No attempt yet." in pending
 
 
 @pytest.mark.django_db
-def test_admin_detail_errors_are_escaped(viewer, settings, make_event):
-    settings.OUTBOX_RELAY_LOG = True
+def test_admin_detail_errors_are_escaped(viewer, make_event):
     event = make_event()
     record(event, "FAILED", error="<script>alert(1)</script>")
     html = logged_in(viewer).get(f"{ADMIN}{event.pk}/change/").content.decode()
     assert "<script>alert(1)</script>" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
-
-
-@pytest.mark.usefixtures("claim_relay")
-@pytest.mark.django_db
-def test_admin_detail_with_the_claim_relay_says_there_is_no_attempt_record(viewer, make_event):
-    event = make_event(OutboxEvent.Status.FAILED, error=TIMED_OUT)
-    html = logged_in(viewer).get(f"{ADMIN}{event.pk}/change/").content.decode()
-    assert "No attempt record" in html
-    assert TIMED_OUT in field(html, "Last error")  # the row's own fields
-    assert field(html, "Attempts") == "10"
-    assert "the claim relay holds nothing" in field(html, "Held back")
 
 
 @pytest.mark.django_db

@@ -1,6 +1,6 @@
-"""The console's counts and times with the event-log relay (OUTBOX_RELAY_LOG): the dashboard,
-/metrics, /api/stats/summary/ and the relay's health read the relay's cursors, delivery records
-and held set, never the event row (which that relay leaves PENDING).
+"""The console's counts and times: the dashboard, /metrics, /api/stats/summary/ and the relay's
+health read the relay's cursors, delivery records and held set (the event row is never
+changed).
 
 Most tests write what the relay writes (tests.outbox.test_selectors.log_relay_mix); the last
 one runs a real LogRelay against Kafka and reads the counts before and after."""
@@ -32,8 +32,7 @@ MIX_COUNTS = {"PENDING": 8, "FAILED": 1, "DONE": 4}
 
 
 @pytest.fixture
-def log_relay_on(settings):
-    settings.OUTBOX_RELAY_LOG = True
+def no_dashboard_cache(settings):
     settings.CONSOLE_DASHBOARD_CACHE_SECONDS = 0
 
 
@@ -44,7 +43,7 @@ def relay_health(oldest: float | None = None) -> str:
 
 
 @pytest.mark.django_db
-def test_status_counts_read_the_cursors_and_the_held_set(log_relay_on):
+def test_status_counts_read_the_cursors_and_the_held_set(no_dashboard_cache):
     log_relay_mix()
     counts = status_counts(OutboxEvent)
     assert (counts.counts, counts.done_estimated) == (MIX_COUNTS, False)
@@ -53,7 +52,7 @@ def test_status_counts_read_the_cursors_and_the_held_set(log_relay_on):
 
 
 @pytest.mark.django_db
-def test_on_a_big_outbox_done_is_the_estimate_less_the_others(log_relay_on, monkeypatch):
+def test_on_a_big_outbox_done_is_the_estimate_less_the_others(no_dashboard_cache, monkeypatch):
     log_relay_mix()
     estimates = {"outbox_event": 1_000_000, "outbox_delivery": 1_200_000}
     monkeypatch.setattr(console.selectors, "table_row_estimate", estimates.__getitem__)
@@ -70,14 +69,7 @@ def test_on_a_big_outbox_done_is_the_estimate_less_the_others(log_relay_on, monk
 
 
 @pytest.mark.django_db
-def test_the_claim_relay_counts_the_same_rows_by_their_status(settings):
-    settings.OUTBOX_RELAY_LOG = False
-    log_relay_mix()
-    assert status_counts(OutboxEvent).counts == {"PENDING": 14, "FAILED": 1, "DONE": 1}
-
-
-@pytest.mark.django_db
-def test_publish_rates_count_the_published_records(log_relay_on):
+def test_publish_rates_count_the_published_records(no_dashboard_cache):
     now = timezone.now()
     published = log_event("published", age=timedelta(minutes=30))
     again = log_event("again", age=timedelta(minutes=30))
@@ -88,8 +80,6 @@ def test_publish_rates_count_the_published_records(log_relay_on):
     record(published, "PUBLISHED", at=now - timedelta(hours=3))  # before the hour
     record(failed, "FAILED", at=now, error=TIMED_OUT)
     record(failed, "DISCARDED", at=now)
-    # A claim relay's publication on the row is not this relay's.
-    OutboxEvent.objects.filter(pk=failed.pk).update(published_at=now)
 
     hour = rate_series(period=timedelta(hours=1), bucket=timedelta(minutes=1))
     day = rate_series(period=timedelta(days=1), bucket=timedelta(hours=1))
@@ -99,25 +89,22 @@ def test_publish_rates_count_the_published_records(log_relay_on):
 
 
 @pytest.mark.django_db
-def test_the_relay_health_reads_the_latest_published_record(log_relay_on):
+def test_the_relay_health_reads_the_latest_published_record(no_dashboard_cache):
     assert relay_health().startswith("never published")
     event = log_event("a", age=timedelta(minutes=5))
     record(event, "PUBLISHED", at=timezone.now() - timedelta(seconds=40))
     record(event, "FAILED", at=timezone.now(), error=TIMED_OUT)  # later, not a publication
-    OutboxEvent.objects.filter(pk=event.pk).update(published_at=timezone.now())
     detail = relay_health(oldest=75.0)
     assert detail.startswith("last publish 4")  # 40 s ago, give or take a slow test
     assert detail.endswith("oldest pending 75 s")
 
 
 @pytest.mark.django_db
-def test_failures_by_class_read_the_spent_heads(log_relay_on, make_event):
+def test_failures_by_class_read_the_spent_heads(no_dashboard_cache):
     log_relay_mix()  # spent: TOO_BIG; backing-off, not spent: TIMED_OUT, not counted
     for key, error in (("also-spent", TOO_BIG), ("other", "KafkaException: fatal\n  at ...")):
         event = log_event(key, age=timedelta(minutes=1))
         hold(event, txid=1, attempts=10, error=error)
-    # A row the claim relay marked FAILED is not this relay's failure.
-    make_event(OutboxEvent.Status.FAILED, error="BROKER_GONE: old")
     outbox_side = {
         (row["error_class"], row["count"])
         for row in failures_by_error_class()
@@ -127,7 +114,9 @@ def test_failures_by_class_read_the_spent_heads(log_relay_on, make_event):
 
 
 @pytest.mark.django_db
-def test_metrics_stats_and_dashboard_show_the_log_relay_counts(log_relay_on, viewer, operator):
+def test_metrics_stats_and_dashboard_show_the_log_relay_counts(
+    no_dashboard_cache, viewer, operator
+):
     log_relay_mix()
 
     metrics = Client().get("/metrics").content.decode()
@@ -143,8 +132,8 @@ def test_metrics_stats_and_dashboard_show_the_log_relay_counts(log_relay_on, vie
     summary = client_for(viewer).get("/api/stats/summary/").json()
     assert summary["outbox"]["counts"] == MIX_COUNTS
     assert 15 * 60 <= summary["outbox"]["oldest_pending_age_seconds"] < 15 * 60 + 30
-    # delivered, delivered-late, replayed: not the published_at of by-claim-relay's row
-    assert sum(summary["rates_last_hour"]["published"]) == 3
+    # delivered, delivered-late, replayed, and by-claim-relay (its record from migration 0012)
+    assert sum(summary["rates_last_hour"]["published"]) == 4
     assert {
         (row["side"], row["error_class"], row["count"])
         for row in summary["failures_by_error_class"]
@@ -160,7 +149,7 @@ def test_metrics_stats_and_dashboard_show_the_log_relay_counts(log_relay_on, vie
         "replayed",
         "backing-off",
     ]
-    assert page.context["published_last_hour"] == 3
+    assert page.context["published_last_hour"] == 4
 
 
 # --- with a real relay ------------------------------------------------------------------------

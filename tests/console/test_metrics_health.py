@@ -16,7 +16,6 @@ from outbox.models import OutboxEvent
 pytestmark = pytest.mark.django_db
 
 
-@pytest.mark.usefixtures("claim_relay")
 def test_metrics_expose_database_gauges(make_event):
     make_event(OutboxEvent.Status.FAILED)
     make_event(OutboxEvent.Status.PENDING)

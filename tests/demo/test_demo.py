@@ -95,6 +95,28 @@ def test_demo_traffic_completes_payments(settings):
         future.result(timeout=30)
 
 
+def test_duplicates_are_sent_of_published_payments_only():
+    from django.utils import timezone
+
+    from demo.management.commands.demo_traffic import Command
+    from outbox.models import OutboxDelivery
+
+    assert Command()._recent_published() is None
+    payment_complete(order_id="order-8", amount=Decimal(3))
+    payment_complete(order_id="order-9", amount=Decimal(4))
+    published, _waiting = OutboxEvent.objects.order_by("position")
+    assert Command()._recent_published() is None
+    OutboxDelivery.objects.create(
+        event_id=published.pk,
+        outcome=OutboxDelivery.Outcome.PUBLISHED,
+        published_at=timezone.now(),
+        kafka_partition=0,
+        kafka_offset=0,
+        relay="test",
+    )
+    assert Command()._recent_published() == published
+
+
 def _manage(*arguments: str, demo: str) -> subprocess.CompletedProcess[str]:
     import os
 

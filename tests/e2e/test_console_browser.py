@@ -1,6 +1,7 @@
 """End to end in headless Chromium (Debian's chromium and chromium-driver; `make test`
-installs them): log in, open the dashboard, filter FAILED outbox events, retry them, run the
-relay and see them published. Saves a screenshot of the dashboard in artifacts/."""
+installs them): a real relay fails to send events until their attempts are spent; log in,
+open the dashboard, filter the FAILED outbox events, retry them, run the relay and see them
+published. Saves a screenshot of the dashboard in artifacts/."""
 
 import os
 import shutil
@@ -9,13 +10,13 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import transaction
+from django.utils import timezone
 
-import outbox
 from console.models import OperatorAction
-from outbox.models import OutboxEvent
+from outbox.models import OutboxEvent, OutboxHeldEvent
 from outbox.producer import close_producers
-from outbox.relay import Relay
+from outbox.selectors import outbox_events_with_delivery
+from tests.conftest import publish_numbered
 
 CHROMEDRIVER = "/usr/bin/chromedriver"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -58,29 +59,22 @@ def browser(tmp_path):
     driver.quit()
 
 
-def _failed_events(topic: str, count: int) -> list[OutboxEvent]:
-    with transaction.atomic():
-        events = [
-            outbox.publish(
-                aggregate_type="payment",
-                aggregate_id=f"payment-{number}",
-                event_type="PaymentCompleted",
-                payload={"number": number},
-                topic=topic,
-            )
-            for number in range(count)
-        ]
-    OutboxEvent.objects.filter(pk__in=[e.pk for e in events]).update(
-        status=OutboxEvent.Status.FAILED,
-        attempts=10,
-        last_error="MSG_TIMED_OUT: Local: Message timed out",
-    )
+def _failed_events(relay, topic: str, count: int) -> list[OutboxEvent]:
+    """`count` events, each of its own key, too large for the producer of `relay` (a
+    size_limited_log_relay): sent until their attempts are spent, they are FAILED."""
+    events = [
+        publish_numbered(topic, f"payment-{number}", 0, too_large=True) for number in range(count)
+    ]
+    assert relay.run().failed == count
+    OutboxHeldEvent.objects.filter(attempts__gt=0).update(next_attempt_at=timezone.now())
+    assert relay.run().failed == count  # the second and last attempt
     return events
 
 
-@pytest.mark.usefixtures("claim_relay")
 @pytest.mark.django_db(transaction=True)
-def test_an_operator_retries_failed_events_from_the_browser(live_server, browser, kafka_topic):
+def test_an_operator_retries_failed_events_from_the_browser(
+    live_server, browser, kafka_topic, size_limited_log_relay, settings
+):
     from django.core.cache import cache
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions
@@ -89,7 +83,7 @@ def test_an_operator_retries_failed_events_from_the_browser(live_server, browser
     cache.clear()  # no dashboard card cached by an earlier test
     User.objects.create_superuser("admin", "admin@example.com", "e2e-password")
     topic = kafka_topic()
-    events = _failed_events(topic, 3)
+    events = _failed_events(size_limited_log_relay, topic, 3)
     ids = {str(event.pk) for event in events}
 
     browser.get(f"{live_server.url}/admin/login/")
@@ -103,7 +97,7 @@ def test_an_operator_retries_failed_events_from_the_browser(live_server, browser
     browser.get(f"{live_server.url}/admin/")
     dashboard = browser.find_element(By.ID, "console-dashboard")
     assert "Outbox FAILED" in dashboard.text
-    assert "MSG_TIMED_OUT" in dashboard.text
+    assert "MSG_SIZE_TOO_LARGE" in dashboard.text
     ARTIFACTS.mkdir(exist_ok=True)
     assert browser.save_screenshot(str(ARTIFACTS / "console-dashboard.png"))
 
@@ -121,15 +115,15 @@ def test_an_operator_retries_failed_events_from_the_browser(live_server, browser
         )
     )
 
+    # Without the size limit, the producer takes them now.
+    settings.OUTBOX_PRODUCER_CONFIG = {}
     close_producers()
-    try:
-        Relay().run(max_seconds=30)
-    finally:
-        close_producers()
+    assert size_limited_log_relay.run(max_seconds=30).published == 3
 
     browser.get(f"{live_server.url}/admin/outbox/outboxevent/?status__exact=DONE")
     listed = browser.find_element(By.ID, "result_list").text
     assert all(event_id in listed for event_id in ids)
-    assert OutboxEvent.objects.filter(pk__in=ids, status=OutboxEvent.Status.DONE).count() == 3
+    events = outbox_events_with_delivery(OutboxEvent.objects.filter(pk__in=ids))
+    assert events.filter(delivery_status=OutboxEvent.Status.DONE).count() == 3
     entry = OperatorAction.objects.get()
     assert (entry.username, entry.action, entry.changed) == ("admin", "outbox.retry", 3)

@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -11,6 +12,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 import outbox
+from outbox.log_relay import LogRelay
 from outbox.models import OutboxEvent
 from outbox.producer import close_producers
 
@@ -21,6 +23,22 @@ def _fresh_producers() -> Iterator[None]:
     close_producers()
     yield
     close_producers()
+
+
+@pytest.fixture
+def log_relay() -> Iterator[Callable[..., LogRelay]]:
+    """Makes event-log relays and gives up their shards after the test: the advisory locks
+    belong to the database session, which outlives the test."""
+    made: list[LogRelay] = []
+
+    def make(**options: object) -> LogRelay:
+        relay = LogRelay(**options)  # type: ignore[arg-type]
+        made.append(relay)
+        return relay
+
+    yield make
+    for relay in made:
+        relay.close()
 
 
 def publish_events(topic: str, count: int, *, keys: int = 10, start: int = 0) -> list[OutboxEvent]:
@@ -71,6 +89,14 @@ def payload_of(message: Message) -> dict:
     return json.loads(message.value() or b"null")
 
 
+def assert_order_per_key(messages: list[Message]) -> None:
+    by_key: dict[bytes | str | None, list[int]] = defaultdict(list)
+    for message in sorted(messages, key=lambda m: (m.partition(), m.offset())):
+        by_key[message.key()].append(payload_of(message)["seq"])
+    for key, sequence in by_key.items():
+        assert sequence == sorted(sequence), f"order broken for key {key!r}: {sequence}"
+
+
 def subprocess_environment(**extra: str) -> dict[str, str]:
     """The environment for a manage.py subprocess that works on this test's database."""
     database = connection.settings_dict
@@ -84,8 +110,6 @@ def subprocess_environment(**extra: str) -> dict[str, str]:
         "DATABASE_URL": url,
         "KAFKA_BOOTSTRAP_SERVERS": settings.KAFKA_BOOTSTRAP_SERVERS,
         "OUTBOX_NUDGE_ON_COMMIT": "false",
-        # The relay the test runs in-process (the claim_relay fixture switches to the claim one).
-        "OUTBOX_RELAY_LOG": "true" if settings.OUTBOX_RELAY_LOG else "false",
         **extra,
     }
 

@@ -1,27 +1,28 @@
 import json
+import re
 import signal
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
-from datetime import timedelta
-from io import StringIO
+from collections.abc import Callable, Sequence
+from datetime import UTC, timedelta
 from typing import TypeVar
 
 import pytest
-from django.core.management import call_command
 from django.db import connection, connections, transaction
-from django.db.models import F
 from django.utils import timezone
 
 import outbox
-from outbox.log_relay import LogRelay, LogRunResult
+from outbox import metrics
+from outbox.log_relay import LogRelay, LogRunResult, SentBatch
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
 from outbox.producer import close_producers
 from outbox.relay import transactional_id_for
+from outbox.selectors import outbox_event_delivered
 from outbox.services.event_log import (
     ALL_SHARDS,
     SHARD_COUNT,
+    DeliveryRecord,
     LogEvent,
     shard_of,
     shards_lock,
@@ -29,28 +30,18 @@ from outbox.services.event_log import (
 from outbox.services.retention import outbox_event_log_purge
 from outbox.tasks import relay as relay_task
 from tests.conftest import connect_outside_django
-from tests.outbox.conftest import consume_all, headers_of, payload_of, publish_events, wait_until
-from tests.outbox.test_relay import assert_order_per_key
+from tests.outbox.conftest import (
+    assert_order_per_key,
+    consume_all,
+    headers_of,
+    payload_of,
+    publish_events,
+    wait_until,
+)
 
 T = TypeVar("T")
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def log_relay() -> Iterator[Callable[..., LogRelay]]:
-    """Makes event-log relays and gives up their shards after the test: the advisory locks
-    belong to the database session, which outlives the test."""
-    made: list[LogRelay] = []
-
-    def make(**options: object) -> LogRelay:
-        relay = LogRelay(**options)  # type: ignore[arg-type]
-        made.append(relay)
-        return relay
-
-    yield make
-    for relay in made:
-        relay.close()
 
 
 def published_ids() -> Counter[str]:
@@ -62,16 +53,25 @@ def published_ids() -> Counter[str]:
     )
 
 
+def rows_written_again() -> int:
+    """Event rows whose current version was not written by the transaction that inserted them
+    (their txid): rows some later statement updated."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM outbox_event "
+            "WHERE xmin::text::bigint <> txid::text::bigint % 4294967296"
+        )
+        return cursor.fetchone()[0]
+
+
 def insert_event_outside(session, *, topic: str, key: str, seq: int) -> uuid.UUID:
     """Writes an event as any other writer of the table would (not through Django)."""
     event_id = uuid.uuid4()
     session.execute(
         """
         INSERT INTO outbox_event (id, aggregatetype, aggregateid, type, payload, headers, topic,
-                                  key, status, attempts, next_attempt_at, last_error, created_at,
-                                  updated_at, locked_by)
-        VALUES (%s, 'order', %s, 'OrderPlaced', %s::jsonb, '{}', %s, %s, 'PENDING', 0, now(),
-                '', now(), now(), '')
+                                  key, created_at)
+        VALUES (%s, 'order', %s, 'OrderPlaced', %s::jsonb, '{}', %s, %s, now())
         """,
         [event_id, key, f'{{"seq": {seq}}}', topic, key],
     )
@@ -106,9 +106,9 @@ def test_events_go_out_once_in_order_per_key_and_each_delivery_is_a_row(
             message.partition(),
             message.offset(),
         )
-    # The events themselves were never touched: still as publish() wrote them.
-    assert set(OutboxEvent.objects.values_list("status", "attempts")) == {("PENDING", 0)}
-    assert not OutboxEvent.objects.exclude(updated_at=F("created_at")).exists()
+    # The event rows were never touched: each one's row version is still the one its own
+    # transaction wrote (an UPDATE would have given it the relay's transaction id).
+    assert rows_written_again() == 0
     assert log_relay().run().published == 0
 
 
@@ -213,10 +213,12 @@ def test_a_head_that_keeps_failing_waits_for_an_operator_after_its_last_attempt(
     relay = log_relay()
     relay.run()
     OutboxHeldEvent.objects.update(next_attempt_at=timezone.now())
+    failed_before = metrics.FAILED.labels(topic=topic)._value.get()
     assert relay.run().failed == 1
 
     head = OutboxHeldEvent.objects.get()
     assert (head.attempts, head.next_attempt_at) == (2, None)
+    assert metrics.FAILED.labels(topic=topic)._value.get() == failed_before + 1
     assert relay.run().failed == 0  # no longer tried by itself
     assert OutboxDelivery.objects.filter(outcome="FAILED").count() == 2
 
@@ -308,7 +310,7 @@ def test_a_relay_killed_before_recording_its_batch_loses_nothing(
     topic = kafka_topic(partitions=3)
     events = publish_events(topic, 300, keys=50)
 
-    doomed = start_relay("--log", OUTBOX_FAULT_INJECTION="before-mark")
+    doomed = start_relay(OUTBOX_FAULT_INJECTION="before-mark")
     assert doomed.wait(60) == -signal.SIGKILL
     # It produced a batch and died before writing anything of it down.
     assert not OutboxDelivery.objects.exists()
@@ -325,7 +327,7 @@ def test_a_relay_killed_before_recording_its_batch_loses_nothing(
 
 def test_the_long_running_log_relay_wakes_on_commit_and_stops_cleanly(kafka_topic, start_relay):
     topic = kafka_topic()
-    relay = start_relay("--log", "--poll-seconds", "30")  # only a notification wakes it in time
+    relay = start_relay("--poll-seconds", "30")  # only a notification wakes it in time
     assert relay.stdout is not None
     assert "listening" in relay.stdout.readline()
     events = publish_events(topic, 3)
@@ -333,52 +335,6 @@ def test_the_long_running_log_relay_wakes_on_commit_and_stops_cleanly(kafka_topi
     relay.send_signal(signal.SIGTERM)
     assert relay.wait(40) == 0
     assert published_ids() == {str(e.id): 1 for e in events}
-
-
-def test_taking_over_from_the_claim_relay_sends_what_it_left_once_and_in_order(
-    kafka_topic, kafka_consumer_config, log_relay
-):
-    topic = kafka_topic(partitions=2)
-    events = {(e.key, e.payload["seq"]): e for e in publish_events(topic, 8, keys=4)}
-    # What a claim relay left behind: order-0 delivered; order-1 waiting, its head leased;
-    # order-2 FAILED at its head; order-3 written before migration 0009 (no txid).
-    OutboxEvent.objects.filter(key="order-0").update(status="DONE")
-    OutboxEvent.objects.filter(pk=events["order-1", 0].pk).update(
-        locked_by="claim-relay", locked_until=timezone.now()
-    )
-    OutboxEvent.objects.filter(pk=events["order-2", 0].pk).update(
-        status="FAILED", attempts=10, last_error="RECORD_TOO_LARGE"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute("UPDATE outbox_event SET txid = NULL WHERE key = 'order-3'")
-
-    out = StringIO()
-    call_command("outbox_log_take_over", stdout=out)
-    assert "holds 6 undelivered events" in out.getvalue()
-    later = publish_events(topic, 4, keys=4, start=8)  # seq 2 of each key
-    relay = log_relay()
-
-    result = relay.run()
-
-    # order-0: seq 2; order-1 and order-3: seq 0 to 2; order-2 waits behind its FAILED head.
-    assert (result.published, result.held) == (7, 1)
-    head = OutboxHeldEvent.objects.get(event_id=events["order-2", 0].id)
-    assert (head.attempts, head.next_attempt_at, head.last_error) == (10, None, "RECORD_TOO_LARGE")
-    OutboxHeldEvent.objects.filter(pk=head.pk).update(next_attempt_at=timezone.now())
-    assert relay.run().published == 3
-    assert log_relay().run().published == 0
-
-    messages = consume_all(kafka_consumer_config, topic, expected=10)
-    by_key: dict[str, list[int]] = {}
-    for message in sorted(messages, key=lambda m: (m.partition(), m.offset())):
-        by_key.setdefault((message.key() or b"").decode(), []).append(payload_of(message)["seq"])
-    assert by_key == {
-        "order-0": [2],
-        "order-1": [0, 1, 2],
-        "order-2": [0, 1, 2],
-        "order-3": [0, 1, 2],
-    }
-    assert len(later) == 4
 
 
 def test_retention_keeps_what_the_relay_still_needs(kafka_topic, log_relay, settings):
@@ -415,8 +371,7 @@ def test_retention_keeps_what_the_relay_still_needs(kafka_topic, log_relay, sett
     assert set(published_ids()) == {str(e.id) for e in fresh + more}
 
 
-def test_beat_runs_the_event_log_relay_when_asked_and_gives_its_shards_back(kafka_topic, settings):
-    settings.OUTBOX_RELAY_LOG = True
+def test_beat_runs_the_relay_and_gives_its_shards_back(kafka_topic):
     events = publish_events(kafka_topic(), 5)
 
     assert relay_task() == 5
@@ -489,7 +444,7 @@ def test_transactional_mode_fences_a_relay_that_lost_its_shards_and_sends_on(
     # successor with its slot takes the shards over.
     second = publish_events(topic, 10, keys=10, start=10)
     connection.close()
-    successor = start_relay("--log", "--slot", slot, OUTBOX_RELAY_TRANSACTIONAL="true")
+    successor = start_relay("--slot", slot, OUTBOX_RELAY_TRANSACTIONAL="true")
     assert successor.stdout is not None
     assert "listening" in successor.stdout.readline()
     wait_until(lambda: len(published_ids()) == 20, timeout=60, message="the successor's batch")
@@ -576,3 +531,156 @@ def test_running_relays_split_the_shards_between_them(
     assert sent_by_first + sent_by_second == 200
     messages = consume_all(kafka_consumer_config, topic, expected=200)
     assert Counter(headers_of(m)["event_id"] for m in messages) == {str(e.id): 1 for e in events}
+
+
+def test_committed_events_reach_the_topic_exactly_as_recorded(
+    kafka_topic, kafka_consumer_config, log_relay
+):
+    topic = kafka_topic(partitions=3)
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    with transaction.atomic():
+        events = [
+            outbox.publish(
+                aggregate_type="payment",
+                aggregate_id=f"p-{number % 4}",
+                event_type="PaymentCompleted",
+                payload={"seq": number // 4, "amount": "9.99", "note": "é"},
+                topic=topic,
+                headers={"traceparent": traceparent},
+            )
+            for number in range(20)
+        ]
+
+    assert log_relay().run().published == 20
+
+    messages = consume_all(kafka_consumer_config, topic, expected=20)
+    assert len(messages) == 20
+    by_id = {headers_of(m)["event_id"]: m for m in messages}
+    assert set(by_id) == {str(event.id) for event in events}
+    for event in events:
+        stored = outbox_event_delivered(event_id=event.id)
+        message = by_id[str(event.id)]
+        assert stored.delivery_status == OutboxEvent.Status.DONE
+        assert (stored.delivered_partition, stored.delivered_offset) == (
+            message.partition(),
+            message.offset(),
+        )
+        assert stored.delivered_at >= stored.created_at
+        assert stored.delivery_attempts == 1
+        assert message.key() == event.key.encode()
+        assert json.loads(message.value().decode("utf-8")) == event.payload
+        assert headers_of(message) == {
+            "event_id": str(event.id),
+            "event_type": "PaymentCompleted",
+            "aggregate_type": "payment",
+            "aggregate_id": event.aggregate_id,
+            "created_at": stored.created_at.astimezone(UTC).isoformat(),
+            "content-type": "application/json",
+            "traceparent": traceparent,
+        }
+    assert_order_per_key(messages)
+
+
+def test_two_relays_running_over_5000_events_publish_each_once(
+    kafka_topic, kafka_consumer_config, start_relay
+):
+    topic = kafka_topic(partitions=6)
+    relays = [start_relay("--batch-size", "500"), start_relay("--batch-size", "500")]
+    for relay in relays:  # both ready before the first event, so that they share the work
+        assert relay.stdout is not None
+        assert "listening" in relay.stdout.readline()
+    events = []
+    for start in range(0, 5000, 1000):
+        events += publish_events(topic, 1000, keys=1000, start=start)
+
+    wait_until(lambda: len(published_ids()) == 5000, timeout=240, message="every event DONE")
+    published_by_relay = []
+    for relay in relays:
+        relay.send_signal(signal.SIGTERM)
+        output, _ = relay.communicate(timeout=30)
+        assert relay.returncode == 0, output
+        match = re.search(r"after publishing (\d+) events", output)
+        assert match, output
+        published_by_relay.append(int(match[1]))
+    messages = consume_all(kafka_consumer_config, topic, expected=5000)
+    counts = Counter(headers_of(m)["event_id"] for m in messages)
+    assert counts == {str(e.id): 1 for e in events}, "an event was lost or published twice"
+    assert published_ids() == counts
+    assert_order_per_key(messages)
+    # Both relays took part, so the work was really shared, and each event went out once.
+    assert all(published_by_relay), published_by_relay
+    assert sum(published_by_relay) == 5000
+
+
+def test_a_run_says_whether_it_drained_or_stopped_at_its_deadline(kafka_topic, log_relay):
+    # outbox_relay waits for a notification only after a drained run; after a run stopped at
+    # its deadline it goes on at once, or a backlog would drain at half speed.
+    publish_events(kafka_topic(), 3, keys=3)
+    relay = log_relay(batch_size=1)
+    stopped = relay.run(max_seconds=1e-6)
+    assert (stopped.published, stopped.drained) == (1, False)
+    rest = relay.run()
+    assert (rest.published, rest.drained) == (2, True)
+
+
+def test_the_long_running_relay_survives_losing_its_database_connections(kafka_topic, start_relay):
+    topic = kafka_topic()
+    relay = start_relay()
+    assert relay.stdout is not None
+    assert "listening" in relay.stdout.readline()
+    # What a PostgreSQL restart does to a client: every connection of the relay is cut.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        assert cursor.fetchone()[0] >= 1
+    events = publish_events(topic, 5)
+    wait_until(
+        lambda: len(published_ids()) == 5, timeout=30, message="the relay to reconnect and publish"
+    )
+    assert relay.poll() is None, "the relay exited instead of reconnecting"
+    relay.send_signal(signal.SIGTERM)
+    assert relay.wait(30) == 0
+    assert published_ids() == {str(e.id): 1 for e in events}
+
+
+class RecordsBeforeProducing(LogRelay):
+    """A deliberately broken relay: writes its batch down as delivered (records and cursor)
+    without producing it, as a relay that records before the delivery report and dies
+    before the records reach Kafka would."""
+
+    def _send(self, events: Sequence[LogEvent]) -> SentBatch:
+        now = timezone.now()
+        return SentBatch(
+            delivered=[
+                DeliveryRecord(
+                    event_id=event.id,
+                    outcome=OutboxDelivery.Outcome.PUBLISHED,
+                    published_at=now,
+                    partition=0,
+                    offset=0,
+                )
+                for event in events
+            ],
+            failed=[],
+            fatal=False,
+        )
+
+
+def test_the_loss_check_catches_a_relay_that_records_before_the_delivery_report(
+    kafka_topic, kafka_consumer_config, log_relay
+):
+    # The check of test_a_relay_killed_before_recording_its_batch_loses_nothing, against a
+    # broken relay.
+    topic = kafka_topic()
+    events = publish_events(topic, 20, keys=20)
+    broken = RecordsBeforeProducing(batch_size=5)
+    try:
+        assert broken.run(max_seconds=1e-6).published == 5
+    finally:
+        broken.close()
+    assert log_relay().run().published == 15
+    messages = consume_all(kafka_consumer_config, topic, expected=20, timeout=10)
+    lost = {str(e.id) for e in events} - {headers_of(m)["event_id"] for m in messages}
+    assert len(lost) == 5

@@ -4,14 +4,17 @@ held set and the delivery records, and the relay sends what they let go, in orde
 import uuid
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
+import outbox
 from outbox.errors import IllegalTransition
 from outbox.log_relay import LogRelay
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
 from outbox.producer import close_producers
-from outbox.selectors import outbox_event_delivered
+from outbox.selectors import outbox_event_delivered, outbox_quarantined_keys
 from outbox.services.repairs import (
+    REPLAY_OF_HEADER,
     outbox_event_discard,
     outbox_event_replay,
     outbox_event_retry,
@@ -75,7 +78,16 @@ def test_retry_sends_a_spent_head_then_its_key_and_discard_lets_the_key_go_on(
     with pytest.raises(IllegalTransition, match="Only FAILED events can be discarded"):
         outbox_event_discard(event=a1)
 
+    assert {(k.key, k.blocking_event_id) for k in outbox_quarantined_keys()} == {
+        ("a", str(a0.id)),
+        ("b", str(b0.id)),
+    }
     discarded = outbox_event_discard(event=a0)
+    # a's next event heads its key now, due at once: the relay's next run sends it.
+    assert {(k.key, k.blocking_event_id, k.blocking_status) for k in outbox_quarantined_keys()} == {
+        ("a", str(a1.id), "PENDING"),
+        ("b", str(b0.id), "FAILED"),
+    }
     assert (discarded.delivery_status, discarded.delivery_discarded_at is not None) == (
         "FAILED",
         True,
@@ -107,7 +119,10 @@ def test_retry_sends_a_spent_head_then_its_key_and_discard_lets_the_key_go_on(
         outbox_event_retry(event=b0)
     with pytest.raises(IllegalTransition, match="was discarded"):
         outbox_event_retry(event=a0)
+    with pytest.raises(IllegalTransition, match="Only FAILED events can be discarded"):
+        outbox_event_discard(event=b0)
     assert not OutboxHeldEvent.objects.exists()
+    assert outbox_quarantined_keys() == []
 
 
 def test_bulk_retry_and_discard_change_only_the_events_they_may(
@@ -185,3 +200,24 @@ def test_replay_sends_a_published_event_again_after_its_key_and_a_discarded_one_
     assert headers_of(next(m for m in messages if m.key() == b"d"))["replay_of"] == str(
         discarded.id
     )
+
+
+def test_replay_with_a_new_id_publishes_a_copy_naming_the_original(kafka_topic, log_relay):
+    topic = kafka_topic()
+    with transaction.atomic():
+        original = outbox.publish(
+            aggregate_type="order",
+            aggregate_id="A",
+            event_type="E",
+            payload={"n": 1},
+            topic=topic,
+            headers={"tenant": "eu"},
+        )
+    assert log_relay().run().published == 1
+
+    copy = outbox_event_replay(event=original, new_event_id=True)
+
+    assert copy.id != original.id
+    assert copy.headers == {"tenant": "eu", REPLAY_OF_HEADER: str(original.id)}
+    assert (copy.payload, copy.topic, copy.key) == (original.payload, original.topic, original.key)
+    assert outbox_event_delivered(event_id=copy.id).delivery_status == "PENDING"

@@ -26,14 +26,12 @@ def _event(key: str) -> OutboxEvent:
         return outbox.publish(aggregate_type="o", aggregate_id=key, event_type="E", payload={})
 
 
-def test_the_delivery_of_an_event_reads_the_same_whichever_relay_sent_it():
+def test_the_delivery_of_an_event_reads_from_its_records_and_the_held_set():
     now = timezone.now()
-    by_claim_relay = _event("claim-done")
-    OutboxEvent.objects.filter(pk=by_claim_relay.pk).update(
-        status="DONE", published_at=now, kafka_partition=1, kafka_offset=7
+    discarded = _event("log-discarded")
+    OutboxDelivery.objects.create(
+        event_id=discarded.id, outcome="DISCARDED", published_at=now, error="", relay="r"
     )
-    failed_by_claim_relay = _event("claim-failed")
-    OutboxEvent.objects.filter(pk=failed_by_claim_relay.pk).update(status="FAILED", attempts=10)
     by_log_relay = _event("log-done")
     OutboxDelivery.objects.create(
         event_id=by_log_relay.id, outcome="FAILED", published_at=now, error="timeout", relay="r"
@@ -71,8 +69,7 @@ def test_the_delivery_of_an_event_reads_the_same_whichever_relay_sent_it():
     }
 
     assert rows == {
-        "claim-done": ("DONE", now, 1, 7),
-        "claim-failed": ("FAILED", None, None, None),
+        "log-discarded": ("FAILED", None, None, None),
         "log-done": ("DONE", now, 2, 9),
         "log-spent": ("FAILED", None, None, None),
         "log-retrying": ("PENDING", None, None, None),
@@ -194,8 +191,8 @@ def log_relay_mix() -> dict[str, OutboxEvent]:
         "outage": log_event("outage", age=minutes(3)),
         # Committed after the tick by a transaction that began before it: not read yet.
         "committed-late": log_event("committed-late", age=minutes(6), txid=running),
-        # Delivered, and given up on, by the claim relay before the event-log relay took
-        # over: no record.
+        # Delivered, and given up on, by the claim relay of an earlier version: migration
+        # 0012 wrote one record of each outcome.
         "by-claim-relay": log_event("by-claim-relay", age=minutes(60), txid=earlier),
         "discarded-by-claim-relay": log_event("discarded-claim", age=minutes(70), txid=earlier),
     }
@@ -226,17 +223,12 @@ def log_relay_mix() -> dict[str, OutboxEvent]:
     record(events["replayed"], "PUBLISHED", at=now - minutes(7))
     hold(events["replayed"], txid=later)
     record(events["outage"], "FAILED", at=now - minutes(2), error="_TRANSPORT: Broker down")
-    OutboxEvent.objects.filter(pk=events["by-claim-relay"].pk).update(
-        status="DONE", published_at=now - minutes(10), kafka_partition=0, kafka_offset=1
-    )
-    OutboxEvent.objects.filter(pk=events["discarded-by-claim-relay"].pk).update(
-        status="FAILED", attempts=10, last_error=TOO_BIG, discarded_at=now - minutes(65)
-    )
+    record(events["by-claim-relay"], "PUBLISHED", at=now - minutes(10))
+    record(events["discarded-by-claim-relay"], "DISCARDED", at=now - minutes(65), error=TOO_BIG)
     return events
 
 
-def test_the_log_relay_backlog_counts_what_is_left_after_its_cursors(settings):
-    settings.OUTBOX_RELAY_LOG = True
+def test_the_backlog_counts_what_is_left_after_the_cursors():
     log_relay_mix()
 
     backlog = outbox_log_backlog()
@@ -258,8 +250,7 @@ def test_the_log_relay_backlog_counts_what_is_left_after_its_cursors(settings):
     assert statuses == {"PENDING": 8, "FAILED": 1, "DONE": 4}
 
 
-def test_the_oldest_current_cursor_bounds_what_is_unsent(settings):
-    settings.OUTBOX_RELAY_LOG = True
+def test_the_oldest_current_cursor_bounds_what_is_unsent():
     later = current_txid()
     before = cursor_at(visible_below=later)
     lagging = log_event("lagging", age=timedelta(minutes=3))
@@ -279,15 +270,7 @@ def test_the_oldest_current_cursor_bounds_what_is_unsent(settings):
     assert outbox_log_backlog().unsent == 1
 
 
-def test_the_claim_relay_backlog_reads_the_rows_as_before(settings):
-    settings.OUTBOX_RELAY_LOG = False
-    log_relay_mix()
-    # The claim relay has sent none of these but one: the other rows are PENDING.
-    assert outbox_oldest_pending_age_seconds() == pytest.approx(300 * 60, abs=30)
-
-
-def test_quarantined_keys_with_the_log_relay_are_the_held_keys_with_their_heads(settings):
-    settings.OUTBOX_RELAY_LOG = True
+def test_quarantined_keys_are_the_held_keys_with_their_heads():
     events = log_relay_mix()
 
     keys = outbox_quarantined_keys()
@@ -313,16 +296,11 @@ def test_quarantined_keys_with_the_log_relay_are_the_held_keys_with_their_heads(
     assert [k.key for k in outbox_quarantined_keys(limit=1)] == ["spent"]
 
 
-def test_the_last_publication_is_the_latest_published_record(settings):
-    settings.OUTBOX_RELAY_LOG = True
+def test_the_last_publication_is_the_latest_published_record():
     assert outbox_last_published_at() is None
     first, second = _event("a"), _event("b")
     now = timezone.now()
     record(first, "PUBLISHED", at=now - timedelta(seconds=30))
     record(second, "FAILED", at=now)
     record(second, "DISCARDED", at=now)
-    # The claim relay's column is not the event-log relay's publication.
-    OutboxEvent.objects.filter(pk=second.pk).update(published_at=now)
     assert outbox_last_published_at() == now - timedelta(seconds=30)
-    settings.OUTBOX_RELAY_LOG = False
-    assert outbox_last_published_at() == now

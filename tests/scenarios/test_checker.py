@@ -1,7 +1,11 @@
 """scenarios/checker.py: check() over hand-made rows, no service needed. Each test breaks one
-promise and shows the checker reports it, and only it."""
+promise and shows the checker reports it, and only it. Last, the outbox rows it checks, as it
+reads them from the database."""
 
-from scenarios.checker import EffectRow, InboxRow, LogRecord, OutboxRow, check
+import pytest
+from django.utils import timezone
+
+from scenarios.checker import EffectRow, InboxRow, LogRecord, OutboxRow, check, load_outbox
 
 GROUP = "g"
 
@@ -174,3 +178,33 @@ def test_each_group_is_checked_on_its_own():
         effects={"a": _effects(events), "b": _effects(events[:2])},
     )
     assert [(g.group, g.lost) for g in report.groups] == [("a", 0), ("b", 2)]
+
+
+@pytest.mark.django_db
+def test_the_outbox_rows_are_the_events_with_their_delivery_without_the_discarded():
+    import outbox
+    from outbox.models import OutboxDelivery
+
+    topic = "scenario.checker.test"
+    delivered, discarded, waiting = (
+        outbox.publish(
+            aggregate_type="t",
+            aggregate_id=f"k{n}",
+            event_type="E",
+            payload={"seq": n},
+            topic=topic,
+        )
+        for n in range(3)
+    )
+    for event, outcome in (
+        (delivered, OutboxDelivery.Outcome.PUBLISHED),
+        (discarded, OutboxDelivery.Outcome.DISCARDED),
+    ):
+        OutboxDelivery.objects.create(
+            event_id=event.pk, outcome=outcome, published_at=timezone.now(), relay="test"
+        )
+    rows = sorted(load_outbox(topic=topic), key=lambda row: row.seq)
+    assert rows == [
+        OutboxRow(event_id=str(delivered.pk), key="k0", seq=0, status="DONE"),
+        OutboxRow(event_id=str(waiting.pk), key="k2", seq=2, status="PENDING"),
+    ]

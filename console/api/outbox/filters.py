@@ -1,6 +1,6 @@
 """Filters of the outbox events, on their delivery as users see it (the annotations of
-outbox.selectors.outbox_events_with_delivery), whichever relay sent them. The admin's list
-filters use the same selectors."""
+outbox.selectors.outbox_events_with_delivery). The admin's list filters use the same
+selectors."""
 
 import django_filters
 from django.db.models import QuerySet
@@ -20,7 +20,7 @@ class OutboxEventFilter(DeliveryFilter):
     status = django_filters.ChoiceFilter(choices=Status.choices, method="filter_status")
     created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
     created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
-    # When the broker confirmed the event's latest publication, with either relay.
+    # When the broker confirmed the event's latest publication.
     published_after = django_filters.IsoDateTimeFilter(field_name="delivered_at", lookup_expr="gte")
     published_before = django_filters.IsoDateTimeFilter(field_name="delivered_at", lookup_expr="lt")
     discarded = django_filters.BooleanFilter(method="filter_discarded")

@@ -25,10 +25,11 @@ LIST_FIELDS = (
 
 
 class OutboxEventListSerializer(serializers.ModelSerializer):
-    """An event with its delivery as users see it, whichever relay sent it."""
+    """An event with its delivery as users see it."""
 
-    # The delivery fields keep the event row's names but read the annotations of
-    # outbox.selectors.outbox_events_with_delivery, which the instance must carry.
+    # The delivery fields keep the names of the event row's columns they replaced but read
+    # the annotations of outbox.selectors.outbox_events_with_delivery, which the instance must
+    # carry.
 
     status = serializers.ChoiceField(
         source="delivery_status", choices=OutboxEvent.Status.choices, read_only=True
@@ -60,8 +61,9 @@ class OutboxEventListSerializer(serializers.ModelSerializer):
         source="delivery_next_attempt_at",
         read_only=True,
         allow_null=True,
-        help_text="When the relay tries it next; null once delivered, discarded, or when its "
-        "attempts are spent (an operator retries or discards it).",
+        help_text="When the relay tries a held event next (after a failure, or a retry by an "
+        "operator); null once its attempts are spent (an operator retries or discards it), and "
+        "for an event not held: delivered, discarded, or sent by the relay in its turn.",
     )
 
     class Meta:
@@ -96,7 +98,7 @@ class OutboxEventDetailSerializer(OutboxEventListSerializer):
 
     class Meta:
         model = OutboxEvent
-        fields = (*LIST_FIELDS, "payload", "headers", "position", "updated_at", "consumers")
+        fields = (*LIST_FIELDS, "payload", "headers", "position", "consumers")
         read_only_fields = fields
 
     def get_consumers(self, event: OutboxEvent) -> list[dict]:
@@ -104,7 +106,7 @@ class OutboxEventDetailSerializer(OutboxEventListSerializer):
 
 
 class OutboxDeliverySerializer(serializers.ModelSerializer):
-    """One attempt to deliver an event, as the event-log relay recorded it."""
+    """One attempt to deliver an event, as the relay (or an operator's discard) recorded it."""
 
     at = serializers.DateTimeField(
         source="published_at",

@@ -51,7 +51,7 @@ class OutboxEventViewSet(viewsets.ReadOnlyModelViewSet):
     """Outbox events: list (cursor-paginated, filtered), detail with the consumers' timeline,
     each event's delivery attempts, and the operators' repairs, singly and in bulk. Status,
     attempts, last error, publication and discard are the event's delivery as users see it,
-    whichever relay sent it."""
+    read from the relay's delivery records and held set."""
 
     queryset = OutboxEvent.objects.all()
     filterset_class = OutboxEventFilter
@@ -100,8 +100,8 @@ class OutboxEventViewSet(viewsets.ReadOnlyModelViewSet):
         event = outbox_event_action(
             user=request.user, event=self.get_object(), action=action_name, source="api", note=note
         )
-        # Read again with its delivery: a repair of the claim relay refreshes only the row's
-        # columns, and a replay with a new event id returns a new row.
+        # Read again with its delivery: the repair changed the held set and the delivery
+        # records, not the row, and a replay with a new event id returns a new row.
         return Response(OutboxEventDetailSerializer(outbox_event_delivered(event_id=event.pk)).data)
 
     @extend_schema(responses=OutboxDeliverySerializer(many=True))
@@ -114,7 +114,8 @@ class OutboxEventViewSet(viewsets.ReadOnlyModelViewSet):
     def attempts(self, request: Request, pk: str | None = None) -> Response:
         """The event's delivery attempts, oldest first: each try's outcome (PUBLISHED, FAILED,
         or DISCARDED by an operator), when, where it went and its error. Empty for an event
-        the claim relay sent: it keeps only the outcome, on the event."""
+        not tried yet; the tries an earlier version made before migration 0012 are not
+        listed (that migration kept their outcome and their number, not each try)."""
         event = self.get_object()
         records = OutboxDelivery.objects.filter(event_id=event.pk)
         page = self.paginate_queryset(records)

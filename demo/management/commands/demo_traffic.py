@@ -12,10 +12,11 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from demo.services import demo_duplicate_send, payment_complete
 from outbox.models import OutboxEvent
+from outbox.selectors import outbox_events_with_delivery
 from project.kafka import kafka_connection_config
 
 TOPIC_PARTITIONS = 3
-# Duplicates are sent of events published at most this many events ago.
+# Duplicates are sent of the latest this many published events.
 RECENT_EVENTS = 50
 
 
@@ -82,10 +83,13 @@ class Command(BaseCommand):
         self.stdout.write(f"demo traffic: {sent} payments, {duplicates} duplicate records sent")
 
     def _recent_published(self) -> OutboxEvent | None:
+        # Newest first by creation (an index serves it): the delivery of each is computed
+        # only for the rows walked until enough are found, not for the whole table.
+        payments = OutboxEvent.objects.filter(event_type="PaymentCompleted")
         recent = list(
-            OutboxEvent.objects.filter(
-                status=OutboxEvent.Status.DONE, event_type="PaymentCompleted"
-            ).order_by("-published_at")[:RECENT_EVENTS]
+            outbox_events_with_delivery(payments)
+            .filter(delivery_status=OutboxEvent.Status.DONE)
+            .order_by("-created_at")[:RECENT_EVENTS]
         )
         return random.choice(recent) if recent else None
 

@@ -1,9 +1,9 @@
 """A long-running relay woken by PostgreSQL LISTEN/NOTIFY: the lowest publish latency.
 
 Each insert into the outbox notifies the `outbox_event` channel when its transaction
-commits; the relay then drains due events until a claim comes back empty (checking for a
-stop signal every --poll-seconds while a backlog drains), and otherwise wakes at least every
---poll-seconds for events whose retry has come due."""
+commits; the relay then sends what the log holds until nothing is left (checking for a stop
+signal every --poll-seconds while a backlog drains), and otherwise wakes at least every
+--poll-seconds for held events whose retry has come due."""
 
 import contextlib
 import logging
@@ -14,14 +14,12 @@ from types import FrameType
 from typing import Any
 
 import psycopg
-from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandParser
 from django.db import DatabaseError, connection
 
 from outbox.log_relay import LogRelay
 from outbox.producer import close_producers, get_producer
-from outbox.relay import Relay, transactional_id_for
-from outbox.services.event_log import claim_relay_refusal, log_relay_refusal
+from outbox.relay import transactional_id_for
 
 logger = logging.getLogger(__name__)
 
@@ -44,32 +42,15 @@ class Command(BaseCommand):
         )
         parser.add_argument("--poll-seconds", type=float, default=1.0)
         parser.add_argument("--batch-size", type=int, default=None)
-        parser.add_argument(
-            "--log",
-            action="store_true",
-            help="Run the event-log relay (no row claims; see docs/outbox.md) instead of the "
-            "claim relay, as OUTBOX_RELAY_LOG=true does.",
-        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.running = True
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
-        relay: Relay | LogRelay
-        log = options["log"] or settings.OUTBOX_RELAY_LOG
-        refusal = log_relay_refusal() if log else claim_relay_refusal()
-        if refusal:
-            raise CommandError(refusal)
-        if log:
-            relay = LogRelay(
-                transactional_id=transactional_id_for(options["slot"]),
-                batch_size=options["batch_size"],
-            )
-        else:
-            relay = Relay(
-                transactional_id=transactional_id_for(options["slot"]),
-                batch_size=options["batch_size"],
-            )
+        relay = LogRelay(
+            transactional_id=transactional_id_for(options["slot"]),
+            batch_size=options["batch_size"],
+        )
         if relay.transactional_id:
             # Initialising the transactional producer now fences a zombie with the same slot
             # before this relay reports itself ready.
@@ -94,8 +75,8 @@ class Command(BaseCommand):
                         self._wait_for_notification(listener, options["poll_seconds"])
                     backoff = DATABASE_RETRY_SECONDS
                 except (DatabaseError, psycopg.Error) as error:
-                    # PostgreSQL restarting or unreachable: rows stay PENDING (or leased until
-                    # their lease expires); keep trying rather than exit and need a supervisor.
+                    # PostgreSQL restarting or unreachable: the cursors stay where they are;
+                    # keep trying rather than exit and need a supervisor.
                     logger.warning(
                         "Outbox relay lost the database (%s); retrying in %.1fs", error, backoff
                     )
@@ -106,10 +87,9 @@ class Command(BaseCommand):
                     self._sleep(backoff)
                     backoff = min(backoff * 2, DATABASE_RETRY_MAX_SECONDS)
         finally:
-            if isinstance(relay, LogRelay):
-                # If the session is gone, its shard locks went with it.
-                with contextlib.suppress(DatabaseError, psycopg.Error):
-                    relay.close()
+            # If the session is gone, its shard locks went with it.
+            with contextlib.suppress(DatabaseError, psycopg.Error):
+                relay.close()
             close_producers()
             if listener is not None:
                 listener.close()

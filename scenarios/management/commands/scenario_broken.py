@@ -10,16 +10,14 @@ from typing import Any
 
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
-from django.db import transaction
 
 from inbox.consumer import InboxConsumer
 from inbox.services.recording import BatchResult
 from outbox import log_relay
 from outbox.log_relay import LogRelay, SentBatch
 from outbox.models import OutboxDelivery
-from outbox.producer import RelayProducer, get_producer
-from outbox.relay import DeliveryReports, Relay, produce_all
-from outbox.services.claims import ClaimedEvent, Delivery, outbox_events_mark_published
+from outbox.producer import get_producer
+from outbox.relay import DeliveryReports, produce_all
 from outbox.services.event_log import DeliveryRecord, LogEvent
 
 BROKEN_VARIABLE = "SCENARIO_BROKEN"
@@ -37,33 +35,10 @@ def break_consumer() -> None:
     InboxConsumer._record_and_commit = broken  # type: ignore[method-assign]
 
 
-def break_relay() -> None:
-    """Rows marked DONE when their records are handed to the producer, before any delivery
-    report; the relay then dies before its flush, and the queued records die with it."""
-
-    def broken(
-        self: Relay, producer: RelayProducer, events: list[ClaimedEvent]
-    ) -> tuple[DeliveryReports, bool]:
-        reports = DeliveryReports()
-        produce_all(producer, events, reports)
-        now = datetime.now(UTC)
-        with transaction.atomic():
-            outbox_events_mark_published(
-                deliveries=[
-                    Delivery(event_id=event.id, partition=0, offset=-1, published_at=now)
-                    for event in events
-                ]
-            )
-        os.kill(os.getpid(), signal.SIGKILL)
-        return reports, False
-
-    Relay._publish = broken  # type: ignore[method-assign]
-
-
 def break_log_relay() -> None:
-    """The event-log relay's cursor moved and its deliveries recorded when the records are
-    handed to the producer, before any delivery report; the relay then dies before its flush,
-    and the queued records die with it."""
+    """The relay records its batch as published (its events DONE) and moves its cursor when
+    the records are handed to the producer, before any delivery report; it then dies before
+    its flush, and the queued records die with it."""
 
     def broken_send(self: LogRelay, events: Sequence[LogEvent]) -> SentBatch:
         producer = get_producer()
@@ -97,7 +72,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "variant",
-            choices=["consumer-commit-first", "relay-done-first", "log-relay-cursor-first"],
+            choices=["consumer-commit-first", "log-relay-cursor-first"],
         )
         parser.add_argument("--group")
         parser.add_argument("--slot", default="broken")
@@ -109,8 +84,6 @@ class Command(BaseCommand):
                 break_consumer()
             call_command("inbox_consume", group=options["group"])
         else:
-            if active and options["variant"] == "log-relay-cursor-first":
+            if active:
                 break_log_relay()
-            elif active:
-                break_relay()
             call_command("outbox_relay", slot=options["slot"], poll_seconds=0.2)

@@ -2,11 +2,12 @@
 
     manage.py scenario_run [names...] [--events N] [--keys 1000] [--json PATH] [--keep-services]
 
-Without names it runs the twelve scenarios that must pass; without --events each runs at its
-full size (100,000 events; 20,000 for the fault-heavy ones). It starts the isolated services
-(scripts/services.sh up with the scenarios' environment, on ports no other checkout holds:
-scenarios/ports.py), re-runs itself under that environment when started with another, and
-stops the services at the end if it started them; the default services are never touched."""
+Without names it runs the scenarios that must pass (scenarios.definitions.SUITE); without
+--events each runs at its full size (100,000 events; 20,000 for the fault-heavy ones). It
+starts the isolated services (scripts/services.sh up with the scenarios' environment, on ports
+no other checkout holds: scenarios/ports.py), re-runs itself under that environment when
+started with another, and stops the services at the end if it started them; the default
+services are never touched."""
 
 import json
 import os
@@ -20,14 +21,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from scenarios import faults
 from scenarios.definitions import SCENARIOS, SUITE, Scenario, pick
-from scenarios.runner import (
-    CLAIM_RELAY,
-    DEFAULT_KEYS,
-    LOG_RELAY,
-    ScenarioResult,
-    prepare_database,
-    run_scenario,
-)
+from scenarios.runner import DEFAULT_KEYS, ScenarioResult, prepare_database, run_scenario
 
 COLUMNS = (
     ("scenario", 28),
@@ -99,12 +93,6 @@ class Command(BaseCommand):
         parser.add_argument("--json", help="Also write the results to this file.")
         parser.add_argument("--list", action="store_true", help="List the scenarios and exit.")
         parser.add_argument(
-            "--relay",
-            choices=(CLAIM_RELAY, LOG_RELAY),
-            help="The relay of the scenarios that do not name theirs (OUTBOX_RELAY_LOG in every "
-            "process it starts); by default the settings' (the event-log relay).",
-        )
-        parser.add_argument(
             "--keep-services",
             action="store_true",
             help="Leave the isolated services running at the end, for debugging (by default "
@@ -121,11 +109,6 @@ class Command(BaseCommand):
             scenarios = pick(options["names"] or SUITE)
         except KeyError as error:
             raise CommandError(str(error)) from error
-        if options["relay"]:
-            # Read by this process once it runs again below, and by the relays and beat
-            # workers it starts, which inherit its environment.
-            settings.OUTBOX_RELAY_LOG = options["relay"] == LOG_RELAY
-            os.environ["OUTBOX_RELAY_LOG"] = "true" if settings.OUTBOX_RELAY_LOG else "false"
         # Before this process's settings are fixed (the re-run below): the ports may move.
         faults.claim_ports()
         if not faults.is_isolated():
