@@ -155,8 +155,13 @@ class OutboxEventAdmin(DeliveryAdmin):
         ("created_at", RangeDateTimeFilter),
         DeliveredAtRangeFilter,
     )
-    search_fields = ("id", "aggregate_id", "key")
-    ordering = ("-created_at",)
+    search_fields = ("id", "key")
+    search_help_text = (
+        "An event id or a key (exact). The key is the aggregate id unless the publisher chose "
+        "another."
+    )
+    # Newest first, by the relay's index (outbox.models.OutboxEvent.Meta).
+    ordering = ("-transaction_id", "-position")
     actions = ("retry_selected", "discard_selected", "replay_same_id", "replay_new_id")
     actions_detail = (
         "retry_detail",
@@ -230,10 +235,11 @@ class OutboxEventAdmin(DeliveryAdmin):
         self, request: HttpRequest, queryset: QuerySet, search_term: str
     ) -> tuple[QuerySet, bool]:
         # Exact matches only, each served by an index; icontains would scan millions of rows.
+        # The key is the aggregate's id unless the publisher chose another.
         term = search_term.strip()
         if not term:
             return queryset, False
-        condition = Q(aggregate_id=term) | Q(key=term)
+        condition = Q(key=term)
         with contextlib.suppress(ValueError):
             condition |= Q(id=uuid.UUID(term))
         return queryset.filter(condition), False

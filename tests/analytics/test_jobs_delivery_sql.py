@@ -252,7 +252,7 @@ def _index_conditions(plan: Any) -> list[str]:
     """The index conditions of the plan's scans of outbox_event's created_at index."""
     found = []
     if isinstance(plan, dict):
-        if plan.get("Index Name") == "outbox_event_created_idx":
+        if plan.get("Index Name") == "outbox_event_created_brin":
             found.append(plan.get("Index Cond", ""))
         for value in plan.values():
             found += _index_conditions(value)

@@ -210,6 +210,38 @@ def test_cursor_pagination_walks_every_row_once(viewer, make_event):
     assert sorted(seen) == sorted(created)
 
 
+@pytest.mark.parametrize("page_size", [1, 2, 3, 5])
+def test_the_list_pages_newest_first_through_events_of_one_transaction(
+    viewer: User, page_size: int
+) -> None:
+    """The list is ordered by transaction, then position, newest first: the cursor holds a
+    transaction id, which events published together share."""
+    from django.db import transaction
+
+    import outbox
+
+    written: list[str] = []
+    for size in (4, 1, 3):
+        with transaction.atomic():
+            for _ in range(size):
+                event = outbox.publish(
+                    aggregate_type="order",
+                    aggregate_id="order-1",
+                    event_type="OrderPlaced",
+                    payload={},
+                )
+                written.append(str(event.pk))
+    client = client_for(viewer)
+    seen: list[str] = []
+    url = f"{EVENTS}?page_size={page_size}"
+    while url:
+        body = client.get(url).json()
+        assert len(body["results"]) <= page_size
+        seen.extend(row["id"] for row in body["results"])
+        url = body["next"]
+    assert seen == written[::-1]
+
+
 def test_detail_shows_payload_headers_and_the_consumers_timeline(viewer, make_event, make_message):
     event = make_event(OutboxEvent.Status.DONE)
     make_message(event_id=str(event.pk), group="billing")

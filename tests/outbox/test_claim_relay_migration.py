@@ -25,10 +25,11 @@ BEFORE = ("outbox", "0011_delivery_published_brin")
 AFTER = ("outbox", "0012_claim_relay_removed")
 
 
-def migrate(target: tuple[str, str]) -> None:
+def migrate(target: tuple[str, str] | None = None) -> None:
+    """Migrates the outbox app to `target`, or to its latest migration."""
     executor = MigrationExecutor(connection)
     executor.loader.build_graph()
-    executor.migrate([target])
+    executor.migrate([target or executor.loader.graph.leaf_nodes("outbox")[0]])
 
 
 @pytest.fixture
@@ -43,7 +44,7 @@ def claim_relay_schema():
             with connection.cursor() as db:
                 # What a test left leased must not stop the migration back.
                 db.execute("UPDATE outbox_event SET locked_until = NULL")
-            migrate(AFTER)
+        migrate()
 
 
 def migrated() -> bool:

@@ -39,7 +39,9 @@ ACTIONS = {"retry", "discard", "replay", "bulk_retry", "bulk_discard", "bulk_rep
 
 
 class OutboxCursorPagination(ConsoleCursorPagination):
-    ordering = "-created_at"
+    # Newest first, by the relay's index (outbox.models.OutboxEvent.Meta); the cursor holds a
+    # transaction id, and an offset among the events of one transaction.
+    ordering = ("-transaction_id", "-position")
 
 
 class DeliveryAttemptPagination(ConsoleCursorPagination):

@@ -83,13 +83,13 @@ class Command(BaseCommand):
         self.stdout.write(f"demo traffic: {sent} payments, {duplicates} duplicate records sent")
 
     def _recent_published(self) -> OutboxEvent | None:
-        # Newest first by creation (an index serves it): the delivery of each is computed
-        # only for the rows walked until enough are found, not for the whole table.
+        # Newest first (the relay's index serves it): the delivery of each is computed only
+        # for the rows walked until enough are found, not for the whole table.
         payments = OutboxEvent.objects.filter(event_type="PaymentCompleted")
         recent = list(
             outbox_events_with_delivery(payments)
             .filter(delivery_status=OutboxEvent.Status.DONE)
-            .order_by("-created_at")[:RECENT_EVENTS]
+            .order_by("-transaction_id", "-position")[:RECENT_EVENTS]
         )
         return random.choice(recent) if recent else None
 
