@@ -91,9 +91,11 @@ class OutboxEvent(models.Model):
         # the relay's read order (which also orders the console's lists, newest first) and
         # the key, the console's search for what happened to one aggregate (the key is its id
         # unless the publisher chose another). Time ranges use a BRIN index: the rows are
-        # appended in about created_at order, and the range being filled has no summary yet,
-        # so an insert writes nothing to it. Topic, type and aggregate filters read the
-        # newest events first, or a time range.
+        # appended in about created_at order, and an insert into a range of pages that has no
+        # summary yet (the range being filled, as a rule) writes nothing to it. One that has
+        # a summary (the table's first range, summarized when the index is built; pages
+        # refilled after retention's DELETEs) costs a WAL record of about 70 bytes. Topic,
+        # type and aggregate filters read the newest events first, or a time range.
         indexes = (
             models.Index(fields=("transaction_id", "position"), name="outbox_event_txid_idx"),
             models.Index(fields=("key",), name="outbox_event_key_idx"),
@@ -138,9 +140,10 @@ class OutboxDelivery(models.Model):
             # published_at. The records are appended in about that order, so a BRIN index (one
             # summary per 128 pages, 24 kB for 200,000 records) finds them. A B-tree would add
             # a WAL record to every delivery record written (measured: about 55 bytes, a fifth
-            # more WAL per record), against the relay's WAL-per-event target; this adds none:
-            # the range being filled has no summary yet, and autosummarize summarizes it once
-            # it is full.
+            # more WAL per record), against the relay's WAL-per-event target; this adds none
+            # while the range being filled has no summary yet (autosummarize summarizes it once
+            # the next one starts), and about 70 bytes in a range that has one (the table's
+            # first, summarized when the index is built; pages refilled after DELETEs).
             BrinIndex(
                 fields=("published_at",),
                 name="outbox_delivery_published_brin",
