@@ -22,9 +22,6 @@ class TransactionIdField(models.BigIntegerField):
     def from_db_value(self, value: Any, expression: Any, connection: Any) -> int | None:
         return None if value is None else int(value)
 
-    def to_python(self, value: Any) -> int | None:
-        return None if value is None else int(value)
-
     def get_prep_value(self, value: Any) -> Any:
         return None if value is None else str(int(value))
 
@@ -86,15 +83,16 @@ class OutboxEvent(models.Model):
             (permission.value.partition(".")[2], permission.label)
             for permission in OutboxEventPermission
         )
-        # Every B-tree index adds a WAL record of about 80 bytes to each publish(), inside the
-        # business transaction (bench-outbox's WAL part). So there are three: the primary key,
+        # Every B-tree index adds a WAL record to each publish(), inside the business
+        # transaction (a leaf insert: 64 to 72 bytes in pg_walinspect for bench-outbox's
+        # events). So there are three: the primary key,
         # the relay's read order (which also orders the console's lists, newest first) and
         # the key, the console's search for what happened to one aggregate (the key is its id
         # unless the publisher chose another). Time ranges use a BRIN index: the rows are
         # appended in about created_at order, and an insert into a range of pages that has no
         # summary yet (the range being filled, as a rule) writes nothing to it. One that has
         # a summary (the table's first range, summarized when the index is built; pages
-        # refilled after retention's DELETEs) costs a WAL record of about 70 bytes. Topic,
+        # refilled after retention's DELETEs) costs a WAL record (72 bytes). Topic,
         # type and aggregate filters read the newest events first, or a time range.
         indexes = (
             models.Index(fields=("transaction_id", "position"), name="outbox_event_txid_idx"),
@@ -142,7 +140,7 @@ class OutboxDelivery(models.Model):
             # a WAL record to every delivery record written (measured: about 55 bytes, a fifth
             # more WAL per record), against the relay's WAL-per-event target; this adds none
             # while the range being filled has no summary yet (autosummarize summarizes it once
-            # the next one starts), and about 70 bytes in a range that has one (the table's
+            # the next one starts), and a WAL record in a range that has one (the table's
             # first, summarized when the index is built; pages refilled after DELETEs).
             BrinIndex(
                 fields=("published_at",),
