@@ -494,8 +494,8 @@ def clear_outbox() -> None:
 
 
 def dead_tuples(table: str = "outbox_event") -> int:
-    """n_dead_tup of `table`, once this backend's statistics are flushed (others flush theirs
-    at most a second after their last transaction)."""
+    """n_dead_tup of `table` and its partitions, once this backend's statistics are flushed
+    (others flush theirs at most a second after their last transaction)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
@@ -503,9 +503,14 @@ def dead_tuples(table: str = "outbox_event") -> int:
         if cursor.fetchone():
             cursor.execute("SELECT pg_stat_force_next_flush()")
         time.sleep(1)
-        cursor.execute("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = %s", [table])
-        row = cursor.fetchone()
-    return int(row[0]) if row else 0
+        cursor.execute(
+            """
+            SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables
+            WHERE relid IN (SELECT relid FROM pg_partition_tree(%s::regclass))
+            """,
+            [table],
+        )
+        return int(cursor.fetchone()[0])
 
 
 @dataclass
@@ -823,15 +828,17 @@ def publish_one_per_transaction(topic: str, count: int) -> int:
 
 
 def purge_delivered() -> int:
-    """Retention (outbox.services.retention.outbox_event_log_purge) of every delivered event:
-    its row and its delivery records, and the cursors and ticks passed. Returns the events
-    deleted."""
+    """Retention (outbox.services.retention.outbox_event_log_purge) of every delivered event
+    as it runs once their day is over: the day partitions of the events and of their delivery
+    records dropped, the cursors and ticks passed deleted, the partitions created again.
+    Returns the events dropped."""
     from django.utils import timezone
 
+    from outbox.services.partitions import DAYS_AHEAD
     from outbox.services.retention import outbox_event_log_purge
 
     deleted = outbox_event_log_purge(
-        older_than=timezone.now() + timedelta(seconds=1), batch_size=1000
+        older_than=timezone.now() + timedelta(days=DAYS_AHEAD + 1), batch_size=1000
     )
     return deleted["events"]
 

@@ -83,17 +83,19 @@ class OutboxEvent(models.Model):
             (permission.value.partition(".")[2], permission.label)
             for permission in OutboxEventPermission
         )
+        # The table is partitioned by day on created_at (migration 0014, made in SQL;
+        # outbox.services.partitions), so `id` is indexed but not unique in the database:
+        # PostgreSQL's unique indexes on a partitioned table must include created_at.
         # Every B-tree index adds a WAL record to each publish(), inside the business
         # transaction (a leaf insert: 64 to 72 bytes in pg_walinspect for bench-outbox's
-        # events). So there are three: the primary key,
-        # the relay's read order (which also orders the console's lists, newest first) and
-        # the key, the console's search for what happened to one aggregate (the key is its id
-        # unless the publisher chose another). Time ranges use a BRIN index: the rows are
-        # appended in about created_at order, and an insert into a range of pages that has no
-        # summary yet (the range being filled, as a rule) writes nothing to it. One that has
-        # a summary (the table's first range, summarized when the index is built; pages
-        # refilled after retention's DELETEs) costs a WAL record (72 bytes). Topic,
-        # type and aggregate filters read the newest events first, or a time range.
+        # events). So there are three: the id, the relay's read order (which also orders the
+        # console's lists, newest first) and the key, the console's search for what happened
+        # to one aggregate (the key is its id unless the publisher chose another). Time
+        # ranges use a BRIN index: the rows are appended in about created_at order, and an
+        # insert into a range of pages that has no summary yet (the range being filled, as a
+        # rule) writes nothing to it; one into a range that has a summary costs a WAL record
+        # (72 bytes). Topic, type and aggregate filters read the newest events first, or a
+        # time range.
         indexes = (
             models.Index(fields=("transaction_id", "position"), name="outbox_event_txid_idx"),
             models.Index(fields=("key",), name="outbox_event_key_idx"),
@@ -104,12 +106,29 @@ class OutboxEvent(models.Model):
         return f"{self.event_type} {self.id}"
 
 
+class OutboxGivenEventId(models.Model):
+    """An event id a caller chose (publish(event_id=...)). The event table is partitioned by
+    day and can hold no unique index on the id alone, so this table keeps a given id from
+    being used twice; ids publish() draws itself are random and need none. Retention deletes
+    an id once its event is gone."""
+
+    id = models.UUIDField(primary_key=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "outbox_event_given_id"
+
+    def __str__(self) -> str:
+        return str(self.id)
+
+
 class OutboxDelivery(models.Model):
     """One attempt of the event-log relay to send one event: written once, never updated.
 
     The event row itself is never touched after publish(); whether an event went out, where
     to and how each try ended are these rows. No foreign key: the event table and this one
-    are emptied on their own schedules."""
+    are emptied on their own schedules. Partitioned by day on published_at like the events
+    (migration 0014), with no index on `id`, which nothing looks up."""
 
     class Outcome(models.TextChoices):
         PUBLISHED = "PUBLISHED", "Published"
@@ -140,8 +159,7 @@ class OutboxDelivery(models.Model):
             # a WAL record to every delivery record written (measured: about 55 bytes, a fifth
             # more WAL per record), against the relay's WAL-per-event target; this adds none
             # while the range being filled has no summary yet (autosummarize summarizes it once
-            # the next one starts), and a WAL record in a range that has one (the table's
-            # first, summarized when the index is built; pages refilled after DELETEs).
+            # the next one starts), and a WAL record in a range that has one.
             BrinIndex(
                 fields=("published_at",),
                 name="outbox_delivery_published_brin",

@@ -424,7 +424,13 @@ def _published_count(run: Run) -> int:
 def _event_table_updates() -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_stat_force_next_flush()")
-        cursor.execute("SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'outbox_event'")
+        # The partitioned table's own row counts nothing: its partitions hold the rows.
+        cursor.execute(
+            """
+            SELECT coalesce(sum(n_tup_upd), 0) FROM pg_stat_user_tables
+            WHERE relid IN (SELECT relid FROM pg_partition_tree('outbox_event'))
+            """
+        )
         return int(cursor.fetchone()[0])
 
 

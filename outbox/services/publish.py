@@ -150,13 +150,19 @@ PUBLISH_SQL = """
 INSERT INTO outbox_event (id, aggregatetype, aggregateid, type, payload, headers, topic, key,
                           created_at)
 VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, %s, %s)
-{on_conflict}RETURNING position, txid::text
+RETURNING position, txid::text
 """
-# A caller's own event id may repeat one already recorded. ON CONFLICT tells so without a
-# savepoint, and the caller's transaction stays usable; it costs a second WAL record (about
-# 50 bytes), so an id publish() draws itself, random and new, goes without it.
-PUBLISH_NEW_ID_SQL = PUBLISH_SQL.format(on_conflict="")
-PUBLISH_GIVEN_ID_SQL = PUBLISH_SQL.format(on_conflict="ON CONFLICT (id) DO NOTHING\n")
+# A caller's own event id may repeat one already recorded. The event table, partitioned by
+# day, has no unique index on the id: the given ids' table has one, and a concurrent publish
+# of the same id waits for this transaction there. The event table is searched too, for ids
+# given before that table existed. Neither statement fails, so the caller's transaction stays
+# usable after a DuplicateEvent. An id publish() draws itself, random and new, skips both.
+CLAIM_GIVEN_ID_SQL = """
+INSERT INTO outbox_event_given_id (id, created_at)
+SELECT %(id)s, %(created_at)s
+WHERE NOT EXISTS (SELECT 1 FROM outbox_event WHERE id = %(id)s)
+ON CONFLICT (id) DO NOTHING
+"""
 
 
 def outbox_event_publish(
@@ -207,8 +213,14 @@ def outbox_event_publish(
     # transaction of every caller, and save() costs about as much CPU again (the payload
     # encoded twice more, the INSERT compiled each time).
     with connection.cursor() as cursor:
+        if event_id is not None:
+            cursor.execute(CLAIM_GIVEN_ID_SQL, {"id": event.id, "created_at": event.created_at})
+            if cursor.rowcount == 0:
+                raise DuplicateEvent(
+                    f"An event with id {event.id} already exists; an event id is used once."
+                )
         cursor.execute(
-            PUBLISH_NEW_ID_SQL if event_id is None else PUBLISH_GIVEN_ID_SQL,
+            PUBLISH_SQL,
             [
                 event.id,
                 event.aggregate_type,
@@ -222,10 +234,6 @@ def outbox_event_publish(
             ],
         )
         inserted = cursor.fetchone()
-    if inserted is None:
-        raise DuplicateEvent(
-            f"An event with id {event.id} already exists; an event id is used once."
-        )
     event.position = inserted[0]
     event.transaction_id = int(inserted[1])
     event._state.adding = False

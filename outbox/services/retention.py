@@ -1,43 +1,176 @@
-"""Retention: published events are deleted once OUTBOX_RETENTION_DAYS have passed, and the
-relay's ticks and cursors once no shard needs them."""
+"""Retention: an event goes once OUTBOX_RETENTION_DAYS have passed, the relay is past it and
+its key is not held on it; its delivery records go a day after the events they describe. Both
+go by dropping whole day partitions (outbox.services.partitions); only the DEFAULT partitions
+are deleted from row by row. Then the relay's ticks and cursors no shard needs any longer, and
+the partitions of the days ahead are created."""
 
-from datetime import datetime
+import logging
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import connection, transaction
+from psycopg import sql
 
+from outbox.selectors import outbox_log_cursor_snapshot
 from outbox.services.event_log import SHARD_COUNT
+from outbox.services.partitions import (
+    PartitionLocked,
+    default_partition,
+    partition_drop,
+    partitions_create_ahead,
+    partitions_read,
+)
+
+logger = logging.getLogger(__name__)
+
+EVENTS, DELIVERIES = "outbox_event", "outbox_delivery"
+# Every event committed before the xmin of the oldest shard cursor's snapshot was read by the
+# relay: delivered, discarded or held (outbox.services.event_log). Whether all the events of a
+# partition are, read from the end of its (txid, position) index: this runs under the lock
+# that holds back every publish().
+ALL_PAST_THE_RELAY = (
+    "SELECT coalesce(max(txid) < pg_snapshot_xmin(%(snapshot)s::pg_snapshot), true)"
+    " FROM {partition}"
+)
+# The held set is small: each of its events is looked up by the id index (a semi-join could
+# read the whole partition instead).
+HELD = "row.id = ANY(ARRAY(SELECT event_id FROM outbox_held_event))"
+# A delivery record lives a day longer than the partitions of the events it describes, so that
+# an event written just after midnight by a clock ahead of the relay's keeps its record.
+DELIVERY_GRACE = timedelta(days=1)
 
 
 def outbox_event_log_purge(*, older_than: datetime, batch_size: int) -> dict[str, int]:
-    """Deletes what the event-log relay no longer needs: the events created before
-    `older_than` that it delivered, with their delivery records (one bounded batch per
-    transaction), the cursor rows every shard has moved past, and the ticks before the oldest
-    shard's cursor."""
-    deleted = {"events": 0, "deliveries": 0, "cursors": 0, "ticks": 0}
+    """Drops or deletes what the event-log relay no longer needs; returns what went:
+    events, delivery records, partitions, cursor rows and ticks. A partition whose lock does
+    not come in time stays for the next run."""
+    deleted = {"events": 0, "deliveries": 0, "partitions": 0, "cursors": 0, "ticks": 0}
+    params = {"snapshot": outbox_log_cursor_snapshot(), "older_than": older_than}
+    try:
+        _event_partitions_drop(older_than, params, deleted)
+        _delivery_partitions_drop(older_than, deleted)
+    except PartitionLocked as error:
+        logger.warning("Outbox retention left a partition for the next run: %s", error)
+    _defaults_delete(params, batch_size, deleted)
+    deleted["cursors"], deleted["ticks"] = _cursors_and_ticks_delete()
+    for table in (EVENTS, DELIVERIES):
+        try:
+            partitions_create_ahead(table=table)
+        except PartitionLocked as error:
+            logger.warning("Outbox retention could not create a partition of %s: %s", table, error)
+    return deleted
+
+
+def _event_partitions_drop(
+    older_than: datetime, params: dict[str, Any], deleted: dict[str, int]
+) -> None:
+    for partition in partitions_read(table=EVENTS):
+        if partition.upper is None or partition.upper > older_than:
+            continue
+        with connection.cursor() as cursor:
+            # Counted before the lock: a row committed since has a transaction id the relay
+            # is not past, and the drop does not happen.
+            cursor.execute(
+                sql.SQL(ALL_PAST_THE_RELAY).format(partition=sql.Identifier(partition.name)),
+                params,
+            )
+            if not cursor.fetchone()[0]:
+                continue
+            cursor.execute(
+                sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(partition.name))
+            )
+            events = cursor.fetchone()[0]
+        held = partition_drop(
+            table=EVENTS,
+            partition=partition,
+            ready=sql.SQL(ALL_PAST_THE_RELAY),
+            keep=sql.SQL(HELD),
+            params=params,
+        )
+        if held is not None:
+            deleted["events"] += events - held
+            deleted["partitions"] += 1
+            logger.info("Outbox retention dropped %s (%d events)", partition.name, events - held)
+
+
+def _delivery_partitions_drop(older_than: datetime, deleted: dict[str, int]) -> None:
+    event_partitions = [
+        partition for partition in partitions_read(table=EVENTS) if not partition.is_default
+    ]
+    for partition in partitions_read(table=DELIVERIES):
+        if partition.upper is None or partition.upper > older_than:
+            continue
+        # Every event that may have a record here is dropped already, or in the DEFAULT
+        # partition, whose records are kept.
+        if any(
+            event_partition.lower is None
+            or event_partition.lower < partition.upper + DELIVERY_GRACE
+            for event_partition in event_partitions
+        ):
+            break
+        with connection.cursor() as cursor:
+            cursor.execute(
+                sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(partition.name))
+            )
+            records = cursor.fetchone()[0]
+        kept = partition_drop(
+            table=DELIVERIES,
+            partition=partition,
+            ready=sql.SQL("SELECT true"),
+            keep=sql.SQL("row.event_id = ANY(ARRAY(SELECT id FROM {}))").format(
+                sql.Identifier(default_partition(EVENTS))
+            ),
+        )
+        if kept is not None:
+            deleted["deliveries"] += records - kept
+            deleted["partitions"] += 1
+
+
+def _defaults_delete(params: dict[str, Any], batch_size: int, deleted: dict[str, int]) -> None:
+    """Row by row, in bounded batches: the DEFAULT partitions (rows beat's maintenance had no
+    partition for, events kept when their partition went), and the ids callers gave."""
     while True:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
                 """
-                SELECT event.id FROM outbox_event AS event
-                WHERE event.created_at < %s
-                  AND EXISTS (
-                      SELECT 1 FROM outbox_delivery AS delivery
-                      WHERE delivery.event_id = event.id AND delivery.outcome = 'PUBLISHED'
-                  )
-                  AND NOT EXISTS (
-                      SELECT 1 FROM outbox_held_event AS held WHERE held.event_id = event.id
-                  )
-                LIMIT %s
+                DELETE FROM outbox_event_default WHERE id IN (
+                    SELECT id FROM outbox_event_default
+                    WHERE created_at < %(older_than)s
+                      AND txid < pg_snapshot_xmin(%(snapshot)s::pg_snapshot)
+                      AND NOT id = ANY(ARRAY(SELECT event_id FROM outbox_held_event))
+                    LIMIT %(limit)s
+                )
+                RETURNING id
                 """,
-                [older_than, batch_size],
+                {**params, "limit": batch_size},
             )
             ids = [row[0] for row in cursor.fetchall()]
-            cursor.execute("DELETE FROM outbox_event WHERE id = ANY(%s::uuid[])", [ids])
-            deleted["events"] += cursor.rowcount
+            deleted["events"] += len(ids)
             cursor.execute("DELETE FROM outbox_delivery WHERE event_id = ANY(%s::uuid[])", [ids])
             deleted["deliveries"] += cursor.rowcount
         if len(ids) < batch_size:
             break
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            """
+            DELETE FROM outbox_delivery_default AS record
+            WHERE published_at < %(older_than)s
+              AND NOT EXISTS (SELECT 1 FROM outbox_event AS event WHERE event.id = record.event_id)
+            """,
+            params,
+        )
+        deleted["deliveries"] += cursor.rowcount
+        cursor.execute(
+            """
+            DELETE FROM outbox_event_given_id AS given
+            WHERE created_at < %(older_than)s
+              AND NOT EXISTS (SELECT 1 FROM outbox_event AS event WHERE event.id = given.id)
+            """,
+            params,
+        )
+
+
+def _cursors_and_ticks_delete() -> tuple[int, int]:
     with transaction.atomic(), connection.cursor() as cursor:
         # Each shard's latest cursor row; every older row is the past of all shards.
         cursor.execute(
@@ -62,9 +195,5 @@ def outbox_event_log_purge(*, older_than: datetime, batch_size: int) -> dict[str
             """,
             [SHARD_COUNT],
         )
-        deleted["cursors"], deleted["ticks"] = cursor.fetchone()
-    return deleted
-
-
-# --- operators' repairs ----------------------------------------------------------------------
-# Each refuses an illegal transition with IllegalTransition. The console records who did what.
+        cursors, ticks = cursor.fetchone()
+    return cursors, ticks

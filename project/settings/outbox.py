@@ -36,6 +36,11 @@ OUTBOX_PRODUCER_CONFIG: dict[str, str] = env.dict("OUTBOX_PRODUCER_CONFIG", defa
 OUTBOX_RELAY_TRANSACTIONAL = env.bool("OUTBOX_RELAY_TRANSACTIONAL", default=False)
 OUTBOX_TRANSACTIONAL_ID_PREFIX = env("OUTBOX_TRANSACTIONAL_ID_PREFIX", default="outbox-relay")
 
-# Delivered events older than this are deleted by beat, in batches of OUTBOX_RETENTION_BATCH_SIZE.
+# Events older than this are dropped by beat with their day partition once the relay is past
+# them (see docs/outbox.md, Retention); the DEFAULT partition is deleted from in batches of
+# OUTBOX_RETENTION_BATCH_SIZE.
 OUTBOX_RETENTION_DAYS = env.int("OUTBOX_RETENTION_DAYS", default=7)
 OUTBOX_RETENTION_BATCH_SIZE = env.int("OUTBOX_RETENTION_BATCH_SIZE", default=5000)
+# How long retention's partition changes wait for a lock on the event or delivery table
+# before giving up until the next run: publish() calls queue behind a waiting drop.
+OUTBOX_PARTITION_LOCK_TIMEOUT_MS = env.int("OUTBOX_PARTITION_LOCK_TIMEOUT_MS", default=500)

@@ -1,0 +1,241 @@
+"""The day partitions of the event and delivery tables (migration 0014) and retention by
+dropping them: a day goes whole once the relay is past it, held events stay, a publish in
+flight is never dropped with its day."""
+
+import logging
+import threading
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+import outbox
+from outbox.errors import DuplicateEvent
+from outbox.log_relay import LogRelay
+from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
+from outbox.selectors import outbox_event_delivered
+from outbox.services.partitions import (
+    DAYS_AHEAD,
+    partition_create,
+    partitions_read,
+)
+from outbox.services.retention import outbox_event_log_purge
+from tests.conftest import TOO_LARGE, connect_outside_django
+from tests.outbox.conftest import consume_all, headers_of, publish_events
+from tests.outbox.test_claim_relay_migration import migrate
+
+pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
+
+BEFORE_PARTITIONS = ("outbox", "0013_event_indexes_for_wal")
+
+
+def partition_of(table: str, row_id: uuid.UUID) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT tableoid::regclass::text FROM {table} WHERE "
+            + ("id" if table == "outbox_event" else "event_id")
+            + " = %s",
+            [row_id],
+        )
+        return cursor.fetchone()[0]
+
+
+def today_partition(table: str) -> str:
+    return f"{table}_p{datetime.now(UTC):%Y%m%d}"
+
+
+def test_a_new_database_has_a_partition_for_today_and_the_days_ahead_and_a_default():
+    for table in ("outbox_event", "outbox_delivery"):
+        partitions = partitions_read(table=table)
+        today = datetime.now(UTC).date()
+        assert [partition.name for partition in partitions] == [
+            f"{table}_p{today + timedelta(days=offset):%Y%m%d}" for offset in range(DAYS_AHEAD + 1)
+        ] + [f"{table}_default"]
+    [event] = publish_events("t", 1)
+    assert partition_of("outbox_event", event.id) == today_partition("outbox_event")
+
+
+def test_retention_drops_a_day_the_relay_is_past_and_keeps_its_held_event(
+    kafka_topic, size_limited_log_relay
+):
+    topic = kafka_topic()
+    with transaction.atomic():
+        held = outbox.publish(
+            aggregate_type="o", aggregate_id="h", event_type="E", payload=TOO_LARGE, topic=topic
+        )
+    sent = publish_events(topic, 4)
+    assert size_limited_log_relay.run().published == 4
+    assert OutboxHeldEvent.objects.get().event_id == held.id
+
+    # The day of the events is over (retention runs a day later).
+    purged = outbox_event_log_purge(older_than=timezone.now() + timedelta(days=1), batch_size=10)
+
+    assert (purged["events"], purged["partitions"]) == (4, 1)
+    # The held event was moved out of the partition before it went (into the DEFAULT
+    # partition, and from there into today's partition, which retention created again).
+    assert list(OutboxEvent.objects.values_list("pk", flat=True)) == [held.id]
+    assert partition_of("outbox_event", held.id) == today_partition("outbox_event")
+    # The delivery records stay a day longer than their events.
+    assert OutboxDelivery.objects.filter(event_id__in=[e.id for e in sent]).count() == 4
+
+    # Two days on, the event partitions of those days are gone, so the delivery records of
+    # the day go too, but for the held event's, which are moved out first.
+    purged = outbox_event_log_purge(older_than=timezone.now() + timedelta(days=3), batch_size=10)
+
+    assert purged["deliveries"] == 4
+    assert not OutboxDelivery.objects.filter(event_id__in=[e.id for e in sent]).exists()
+    assert OutboxDelivery.objects.get(event_id=held.id).outcome == OutboxDelivery.Outcome.FAILED
+
+    # The relay goes on into the partitions created again.
+    more = publish_events(topic, 2)
+    assert size_limited_log_relay.run().published == 2
+    assert partition_of("outbox_event", more[0].id) == today_partition("outbox_event")
+
+
+def test_retention_leaves_a_day_the_relay_is_not_past(kafka_topic):
+    events = publish_events(kafka_topic(), 3)
+
+    purged = outbox_event_log_purge(older_than=timezone.now() + timedelta(days=1), batch_size=10)
+
+    assert (purged["events"], purged["partitions"]) == (0, 0)
+    assert OutboxEvent.objects.count() == len(events)
+
+
+def test_a_publish_committing_while_the_drop_waits_for_its_lock_keeps_its_day(
+    kafka_topic, log_relay, settings, caplog
+):
+    topic = kafka_topic()
+    publish_events(topic, 2)
+    relay = log_relay()
+    assert relay.run().published == 2
+    in_flight = uuid.uuid4()
+    other = connect_outside_django(connection.settings_dict)
+    other.execute(
+        """
+        INSERT INTO outbox_event (id, aggregatetype, aggregateid, type, payload, headers,
+                                  topic, key, created_at)
+        VALUES (%s, 'o', 'k', 'E', '{}', '{}', %s, 'k', now())
+        """,
+        [in_flight, topic],
+    )
+    # Retention's checks see the two delivered events only; the drop then waits for the
+    # lock the uncommitted insert holds, and gets it once that commits.
+    settings.OUTBOX_PARTITION_LOCK_TIMEOUT_MS = 10_000
+    committer = threading.Timer(1.0, other.commit)
+    committer.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="outbox.services.retention"):
+            purged = outbox_event_log_purge(
+                older_than=timezone.now() + timedelta(days=1), batch_size=10
+            )
+    finally:
+        committer.join()
+        other.close()
+    assert purged["partitions"] == 0
+    assert OutboxEvent.objects.filter(pk=in_flight).exists()
+    assert "dropped" not in caplog.text
+
+    # With a short timeout a lock that does not come leaves the day for the next run.
+    other = connect_outside_django(connection.settings_dict)
+    other.execute("LOCK TABLE outbox_event IN ACCESS SHARE MODE")
+    settings.OUTBOX_PARTITION_LOCK_TIMEOUT_MS = 100
+    try:
+        assert relay.run().published == 1
+        purged = outbox_event_log_purge(
+            older_than=timezone.now() + timedelta(days=1), batch_size=10
+        )
+    finally:
+        other.close()
+    assert purged["partitions"] == 0
+    assert "left a partition for the next run" in caplog.text
+    assert OutboxEvent.objects.count() == 3
+
+    purged = outbox_event_log_purge(older_than=timezone.now() + timedelta(days=1), batch_size=10)
+    assert (purged["events"], purged["partitions"]) == (3, 1)
+
+
+def test_a_new_partition_takes_its_rows_from_the_default_partition():
+    day = datetime.now(UTC).date() + timedelta(days=DAYS_AHEAD + 3)
+    stray = OutboxEvent.objects.create(
+        aggregate_type="o",
+        aggregate_id="k",
+        event_type="E",
+        payload={},
+        topic="t",
+        key="k",
+        created_at=datetime.combine(day, datetime.min.time(), tzinfo=UTC) + timedelta(hours=5),
+    )
+    assert partition_of("outbox_event", stray.pk) == "outbox_event_default"
+
+    name = partition_create(table="outbox_event", day=day)
+    try:
+        assert partition_of("outbox_event", stray.pk) == name
+        assert OutboxEvent.objects.get(pk=stray.pk).created_at == stray.created_at
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TABLE {name}")
+
+
+def test_a_given_event_id_is_used_once_across_transactions_and_partitions():
+    event_id = uuid.uuid4()
+    event = {"aggregate_type": "o", "aggregate_id": "k", "event_type": "E", "payload": {}}
+    with transaction.atomic():
+        outbox.publish(**event, event_id=event_id)
+    with transaction.atomic(), pytest.raises(DuplicateEvent):
+        outbox.publish(**event, event_id=event_id)
+    # An id recorded before the given ids had a table of their own is found in the events.
+    older = OutboxEvent.objects.create(**event, topic="t", key="k")
+    with transaction.atomic(), pytest.raises(DuplicateEvent):
+        outbox.publish(**event, event_id=older.pk)
+    assert OutboxEvent.objects.count() == 2
+
+
+@pytest.fixture
+def schema_before_partitions():
+    migrate(BEFORE_PARTITIONS)
+    try:
+        yield
+    finally:
+        with connection.cursor() as db:
+            db.execute("TRUNCATE outbox_event, outbox_delivery, outbox_held_event")
+        migrate()
+
+
+def test_an_upgrade_with_events_in_flight_loses_and_repeats_nothing(
+    schema_before_partitions, kafka_topic, kafka_consumer_config, size_limited_log_relay
+):
+    topic = kafka_topic()
+    with transaction.atomic():
+        held = outbox.publish(
+            aggregate_type="o", aggregate_id="h", event_type="E", payload=TOO_LARGE, topic=topic
+        )
+    sent = publish_events(topic, 3)
+    assert size_limited_log_relay.run().published == 3
+    pending = publish_events(topic, 2, start=3)
+    size_limited_log_relay.close()
+
+    migrate()
+
+    oldest = partitions_read(table="outbox_event")[0]
+    assert (oldest.name, oldest.lower) == ("outbox_event_before_partitioning", None)
+    assert {partition_of("outbox_event", e.id) for e in [held, *sent, *pending]} == {
+        "outbox_event_before_partitioning"
+    }
+    relay = LogRelay()
+    try:
+        assert relay.run().published == 2
+    finally:
+        relay.close()
+    messages = consume_all(kafka_consumer_config, topic, expected=5)
+    assert sorted(headers_of(m)["event_id"] for m in messages) == sorted(
+        str(e.id) for e in [*sent, *pending]
+    )
+    assert OutboxHeldEvent.objects.get().event_id == held.id
+    assert outbox_event_delivered(event_id=pending[1].id).delivery_status == "DONE"
+    # An id recorded before the upgrade is still used once.
+    with transaction.atomic(), pytest.raises(DuplicateEvent):
+        outbox.publish(
+            aggregate_type="o", aggregate_id="k", event_type="E", payload={}, event_id=sent[0].id
+        )
