@@ -827,6 +827,12 @@ def publish_one_per_transaction(topic: str, count: int) -> int:
     return count
 
 
+# How many partitions each purge_delivered() dropped or created.
+PARTITION_CHANGES: list[int] = []
+# A day's events for the retention figure a day's partitions share.
+EVENTS_A_DAY = 100_000
+
+
 def purge_delivered() -> int:
     """Retention (outbox.services.retention.outbox_event_log_purge) of every delivered event
     as it runs once their day is over: the day partitions of the events and of their delivery
@@ -840,6 +846,7 @@ def purge_delivered() -> int:
     deleted = outbox_event_log_purge(
         older_than=timezone.now() + timedelta(days=DAYS_AHEAD + 1), batch_size=1000
     )
+    PARTITION_CHANGES.append(deleted["partitions"] + deleted["partitions_created"])
     return deleted["events"]
 
 
@@ -932,6 +939,19 @@ def wal_per_event(count: int, batch_size: int, topics: list[str]) -> None:
     row("(3) retention: outbox_event_log_purge", ["purge"])
     row("(4) VACUUM after the purge", ["vacuum"])
     row("    the event's life (1 + 2 + 3 + 4)", ["publish", "deliver", "purge", "vacuum"])
+    # Retention's WAL is that of the partitions it drops and creates (catalog rows), whatever
+    # their events: the events of a day share it.
+    purge_bytes = median("purge", "bytes_per_event") * count
+    changes = statistics.median(PARTITION_CHANGES)
+    life = sum(median(name, "bytes_per_event") for name in ("publish", "deliver", "vacuum"))
+    per_day = purge_bytes / changes * 4 / EVENTS_A_DAY
+    print(
+        f"  retention wrote {purge_bytes / 1024:,.0f} KB a run for {changes:.0f} partitions"
+        f" dropped or created, about {purge_bytes / changes / 1024:,.0f} KB each. A day's run"
+        f" drops and creates one of each table (events, records), four: at {EVENTS_A_DAY:,} events"
+        f" a day, {per_day:,.1f} B/event, and the event's life {life + per_day:,.0f} B/event,"
+        f" {(life + per_day) / bare_bytes:.2f} x bare."
+    )
     print(
         "  ms/event: wall time in this process per event (the relay's includes its round trips"
         " to Kafka)."

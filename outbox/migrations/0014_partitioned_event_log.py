@@ -20,6 +20,7 @@ CREATE OR REPLACE FUNCTION pg_temp.outbox_partition_by_day(
 DECLARE
     first_day timestamptz;
     day timestamptz;
+    partition text;
     legacy_is_empty boolean;
 BEGIN
     EXECUTE format('SELECT NOT EXISTS (SELECT 1 FROM %I)', legacy) INTO legacy_is_empty;
@@ -37,9 +38,16 @@ BEGIN
     FOR day IN SELECT generate_series(
         first_day, date_trunc('day', now(), 'UTC') + interval '2 days', interval '1 day'
     ) LOOP
+        partition := parent::text || '_p' || to_char(day AT TIME ZONE 'UTC', 'YYYYMMDD');
         EXECUTE format('CREATE TABLE %I PARTITION OF %s FOR VALUES FROM (%L) TO (%L)',
-                       parent::text || '_p' || to_char(day AT TIME ZONE 'UTC', 'YYYYMMDD'),
-                       parent, day, day + interval '1 day');
+                       partition, parent, day, day + interval '1 day');
+        -- As outbox.services.partitions does: the BRIN index of an empty table summarizes
+        -- its first range, which would cost each insert there a WAL record.
+        PERFORM brin_desummarize_range(index.indexrelid, 0)
+        FROM pg_index AS index
+        JOIN pg_class AS class ON class.oid = index.indexrelid
+        JOIN pg_am AS method ON method.oid = class.relam
+        WHERE index.indrelid = partition::regclass AND method.amname = 'brin';
     END LOOP;
 END $$;
 

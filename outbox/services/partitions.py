@@ -35,6 +35,17 @@ PARTITION_COLUMNS = {"outbox_event": "created_at", "outbox_delivery": "published
 # before a row would land in the DEFAULT partition.
 DAYS_AHEAD = 2
 
+# A BRIN index built on an empty table summarizes its first range of pages at once, and every
+# insert into a summarized range writes a WAL record to widen the summary (72 bytes for an
+# event). Without that summary the range's inserts write nothing to the index until
+# autosummarize summarizes the range, once the next one starts.
+DESUMMARIZE_FIRST_RANGE_SQL = """
+SELECT brin_desummarize_range(index.indexrelid, 0)
+FROM pg_index AS index
+JOIN pg_class AS class ON class.oid = index.indexrelid
+JOIN pg_am AS method ON method.oid = class.relam
+WHERE index.indrelid = %s::regclass AND method.amname = 'brin'
+"""
 _BOUNDS = re.compile(r"FOR VALUES FROM \((?P<lower>.+?)\) TO \((?P<upper>.+?)\)")
 
 
@@ -187,6 +198,7 @@ def partition_create(*, table: str, day: date) -> str:
             ),
             [lower, upper],
         )
+        cursor.execute(DESUMMARIZE_FIRST_RANGE_SQL, [name])
     return name
 
 
@@ -200,7 +212,7 @@ def partition_drop(
 ) -> int | None:
     """Drops `partition` of `table` if `ready` (a query of one boolean, which may name the
     partition as {partition}) holds under the table's lock. The rows for which `keep` (a
-    condition on the partition's rows, aliased `row`) holds are moved into the DEFAULT
+    condition on the partition's rows) holds are moved into the DEFAULT
     partition first: no other covers their range any longer. Returns how many were kept, or
     None when nothing was dropped (not ready, or dropped meanwhile)."""
     name = sql.Identifier(partition.name)
@@ -223,7 +235,7 @@ def partition_drop(
         )
         cursor.execute(
             sql.SQL(
-                "INSERT INTO {table} ({columns}) SELECT {columns} FROM {partition} AS row WHERE "
+                "INSERT INTO {table} ({columns}) SELECT {columns} FROM {partition} WHERE "
             ).format(table=sql.Identifier(table), columns=columns, partition=name)
             + keep,
             params,

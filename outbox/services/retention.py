@@ -24,27 +24,43 @@ from outbox.services.partitions import (
 logger = logging.getLogger(__name__)
 
 EVENTS, DELIVERIES = "outbox_event", "outbox_delivery"
-# Every event committed before the xmin of the oldest shard cursor's snapshot was read by the
-# relay: delivered, discarded or held (outbox.services.event_log). Whether all the events of a
-# partition are, read from the end of its (txid, position) index: this runs under the lock
-# that holds back every publish().
-ALL_PAST_THE_RELAY = (
-    "SELECT coalesce(max(txid) < pg_snapshot_xmin(%(snapshot)s::pg_snapshot), true)"
-    " FROM {partition}"
+# The relay is done with an event when it was delivered or discarded, or is held. Every event
+# committed before the xmin of the oldest shard cursor's snapshot is (outbox.services.
+# event_log); one committed later is when it has a final delivery record. The relay keeps its
+# cursor where its last full batch ended, so after the traffic stops the last events of a
+# day are found done by their records alone. So the events not done yet are a range of the
+# (txid, position) index from that xmin, each looked up in the records: a short range, as a
+# rule, for a day long past.
+NOT_DONE = """
+event.txid >= pg_snapshot_xmin(%(snapshot)s::pg_snapshot)
+AND NOT EXISTS (
+    SELECT 1 FROM outbox_delivery AS record
+    WHERE record.event_id = event.id AND record.outcome IN ('PUBLISHED', 'DISCARDED')
 )
-# The held set is small: each of its events is looked up by the id index (a semi-join could
-# read the whole partition instead).
-HELD = "row.id = ANY(ARRAY(SELECT event_id FROM outbox_held_event))"
+"""
+# Whether the event of the statement's one event table is held. The held set is small: each
+# of its events is looked up by the id index (a semi-join could read the whole partition).
+HELD = "id = ANY(ARRAY(SELECT event_id FROM outbox_held_event))"
+
+# Whether the relay is done with every event of a partition but those held. It runs again
+# under the lock that holds back every publish(): an event that committed while the drop
+# waited for the lock is not done.
+ALL_DONE = (
+    "SELECT NOT EXISTS (SELECT 1 FROM {partition} AS event"  # noqa: S608 (constants)
+    f" WHERE {NOT_DONE} AND NOT {HELD})"
+)
 # A delivery record lives a day longer than the partitions of the events it describes, so that
 # an event written just after midnight by a clock ahead of the relay's keeps its record.
 DELIVERY_GRACE = timedelta(days=1)
 
 
 def outbox_event_log_purge(*, older_than: datetime, batch_size: int) -> dict[str, int]:
-    """Drops or deletes what the event-log relay no longer needs; returns what went:
-    events, delivery records, partitions, cursor rows and ticks. A partition whose lock does
-    not come in time stays for the next run."""
+    """Drops or deletes what the event-log relay no longer needs, and creates the partitions
+    of the days ahead; returns what went (events, delivery records, partitions, cursor rows
+    and ticks) and how many partitions were created. A partition whose lock does not come in
+    time stays for the next run."""
     deleted = {"events": 0, "deliveries": 0, "partitions": 0, "cursors": 0, "ticks": 0}
+    created = 0
     params = {"snapshot": outbox_log_cursor_snapshot(), "older_than": older_than}
     try:
         _event_partitions_drop(older_than, params, deleted)
@@ -55,10 +71,10 @@ def outbox_event_log_purge(*, older_than: datetime, batch_size: int) -> dict[str
     deleted["cursors"], deleted["ticks"] = _cursors_and_ticks_delete()
     for table in (EVENTS, DELIVERIES):
         try:
-            partitions_create_ahead(table=table)
+            created += len(partitions_create_ahead(table=table))
         except PartitionLocked as error:
             logger.warning("Outbox retention could not create a partition of %s: %s", table, error)
-    return deleted
+    return deleted | {"partitions_created": created}
 
 
 def _event_partitions_drop(
@@ -68,11 +84,10 @@ def _event_partitions_drop(
         if partition.upper is None or partition.upper > older_than:
             continue
         with connection.cursor() as cursor:
-            # Counted before the lock: a row committed since has a transaction id the relay
-            # is not past, and the drop does not happen.
+            # Counted before the lock: an event committed since is not done, and the drop
+            # does not happen.
             cursor.execute(
-                sql.SQL(ALL_PAST_THE_RELAY).format(partition=sql.Identifier(partition.name)),
-                params,
+                sql.SQL(ALL_DONE).format(partition=sql.Identifier(partition.name)), params
             )
             if not cursor.fetchone()[0]:
                 continue
@@ -83,7 +98,7 @@ def _event_partitions_drop(
         held = partition_drop(
             table=EVENTS,
             partition=partition,
-            ready=sql.SQL(ALL_PAST_THE_RELAY),
+            ready=sql.SQL(ALL_DONE),
             keep=sql.SQL(HELD),
             params=params,
         )
@@ -117,7 +132,7 @@ def _delivery_partitions_drop(older_than: datetime, deleted: dict[str, int]) -> 
             table=DELIVERIES,
             partition=partition,
             ready=sql.SQL("SELECT true"),
-            keep=sql.SQL("row.event_id = ANY(ARRAY(SELECT id FROM {}))").format(
+            keep=sql.SQL("event_id = ANY(ARRAY(SELECT id FROM {}))").format(
                 sql.Identifier(default_partition(EVENTS))
             ),
         )
@@ -132,16 +147,14 @@ def _defaults_delete(params: dict[str, Any], batch_size: int, deleted: dict[str,
     while True:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
-                """
+                f"""
                 DELETE FROM outbox_event_default WHERE id IN (
-                    SELECT id FROM outbox_event_default
-                    WHERE created_at < %(older_than)s
-                      AND txid < pg_snapshot_xmin(%(snapshot)s::pg_snapshot)
-                      AND NOT id = ANY(ARRAY(SELECT event_id FROM outbox_held_event))
+                    SELECT id FROM outbox_event_default AS event
+                    WHERE created_at < %(older_than)s AND NOT ({NOT_DONE}) AND NOT {HELD}
                     LIMIT %(limit)s
                 )
                 RETURNING id
-                """,
+                """,  # noqa: S608 (constants)
                 {**params, "limit": batch_size},
             )
             ids = [row[0] for row in cursor.fetchall()]
