@@ -298,8 +298,11 @@ def test_quarantined_keys_are_the_held_keys_with_their_heads():
 
 def test_the_last_publication_is_the_latest_published_record():
     assert outbox_last_published_at() is None
-    first, second = _event("a"), _event("b")
+    first, second, third = _event("a"), _event("b"), _event("c")
     now = timezone.now()
+    # Found beyond the first windows it looks through (a minute, an hour).
+    record(third, "PUBLISHED", at=now - timedelta(hours=5))
+    assert outbox_last_published_at() == now - timedelta(hours=5)
     record(first, "PUBLISHED", at=now - timedelta(seconds=30))
     record(second, "FAILED", at=now)
     record(second, "DISCARDED", at=now)
