@@ -16,6 +16,14 @@ from outbox.errors import DuplicateEvent
 from outbox.log_relay import LogRelay
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
 from outbox.selectors import outbox_event_delivered
+from outbox.services.event_log import (
+    ALL_SHARDS,
+    Cursor,
+    batch_read,
+    cursors_read,
+    tick_read,
+    tick_take,
+)
 from outbox.services.partitions import (
     DAYS_AHEAD,
     partition_create,
@@ -239,3 +247,45 @@ def test_an_upgrade_with_events_in_flight_loses_and_repeats_nothing(
         outbox.publish(
             aggregate_type="o", aggregate_id="k", event_type="E", payload={}, event_id=sent[0].id
         )
+
+
+def index_tuples_fetched(table: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute(
+            """
+            SELECT coalesce(sum(idx_tup_fetch), 0) FROM pg_stat_user_tables
+            WHERE relid IN (SELECT relid FROM pg_partition_tree(%s::regclass))
+            """,
+            [table],
+        )
+        return int(cursor.fetchone()[0])
+
+
+def test_a_batch_of_a_large_transaction_reads_no_more_events_than_it_returns():
+    """The relay's batch read merges the partitions' (txid, position) index walks and stops at
+    the batch size, however many events the transaction wrote (the planner, which estimates
+    one transaction's range at a row or so, would otherwise read them all and sort them)."""
+    [start] = cursors_read(shards=ALL_SHARDS)
+    since = tick_read(tick_id=start.tick_id)
+    publish_events("t", 5000)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE outbox_event")  # as autovacuum does after such an insert
+    until = tick_take(after=since)
+    assert until is not None
+    first = batch_read(cursor=start, since=since, until=until, limit=10)
+    # The next batch starts inside the transaction, after the first batch's last event.
+    inside = Cursor(
+        shards=ALL_SHARDS,
+        tick_id=since.id,
+        until_tick_id=until.id,
+        txid=first[-1].txid,
+        position=first[-1].position,
+    )
+    before = index_tuples_fetched("outbox_event")
+
+    second = batch_read(cursor=inside, since=since, until=until, limit=10)
+
+    assert len(second) == 10
+    assert second[0].position > first[-1].position
+    assert index_tuples_fetched("outbox_event") - before <= 10 * 2
