@@ -213,10 +213,14 @@ def partition_drop(
     """Drops `partition` of `table` if `ready` (a query of one boolean, which may name the
     partition as {partition}) holds under the table's lock. The rows for which `keep` (a
     condition on the partition's rows) holds are moved into the DEFAULT
-    partition first: no other covers their range any longer. Returns how many were kept, or
+    partition first: no other covers their range any longer. Returns how many rows went, or
     None when nothing was dropped (not ready, or dropped meanwhile)."""
     name = sql.Identifier(partition.name)
     with _ddl_transaction() as cursor:
+        # Counted before the lock, which holds back every publish(): a row committed since
+        # makes `ready` false, and nothing is dropped.
+        cursor.execute(sql.SQL("SELECT count(*) FROM {}").format(name))
+        rows = cursor.fetchone()[0]
         cursor.execute(
             sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(table))
         )
@@ -242,4 +246,4 @@ def partition_drop(
         )
         kept = cursor.rowcount
         cursor.execute(sql.SQL("DROP TABLE {}").format(name))
-    return kept
+    return rows - kept

@@ -83,29 +83,24 @@ def _event_partitions_drop(
     for partition in partitions_read(table=EVENTS):
         if partition.upper is None or partition.upper > older_than:
             continue
+        # Checked first without the lock, so that a day not done is not locked for nothing.
         with connection.cursor() as cursor:
-            # Counted before the lock: an event committed since is not done, and the drop
-            # does not happen.
             cursor.execute(
                 sql.SQL(ALL_DONE).format(partition=sql.Identifier(partition.name)), params
             )
             if not cursor.fetchone()[0]:
                 continue
-            cursor.execute(
-                sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(partition.name))
-            )
-            events = cursor.fetchone()[0]
-        held = partition_drop(
+        dropped = partition_drop(
             table=EVENTS,
             partition=partition,
             ready=sql.SQL(ALL_DONE),
             keep=sql.SQL(HELD),
             params=params,
         )
-        if held is not None:
-            deleted["events"] += events - held
+        if dropped is not None:
+            deleted["events"] += dropped
             deleted["partitions"] += 1
-            logger.info("Outbox retention dropped %s (%d events)", partition.name, events - held)
+            logger.info("Outbox retention dropped %s (%d events)", partition.name, dropped)
 
 
 def _delivery_partitions_drop(older_than: datetime, deleted: dict[str, int]) -> None:
@@ -123,12 +118,7 @@ def _delivery_partitions_drop(older_than: datetime, deleted: dict[str, int]) -> 
             for event_partition in event_partitions
         ):
             break
-        with connection.cursor() as cursor:
-            cursor.execute(
-                sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(partition.name))
-            )
-            records = cursor.fetchone()[0]
-        kept = partition_drop(
+        dropped = partition_drop(
             table=DELIVERIES,
             partition=partition,
             ready=sql.SQL("SELECT true"),
@@ -136,8 +126,8 @@ def _delivery_partitions_drop(older_than: datetime, deleted: dict[str, int]) -> 
                 sql.Identifier(default_partition(EVENTS))
             ),
         )
-        if kept is not None:
-            deleted["deliveries"] += records - kept
+        if dropped is not None:
+            deleted["deliveries"] += dropped
             deleted["partitions"] += 1
 
 
