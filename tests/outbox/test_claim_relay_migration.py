@@ -3,6 +3,8 @@ it left in flight goes out once, in order per key; what it delivered or an opera
 is never sent again and reads as before."""
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -30,6 +32,20 @@ def migrate(target: tuple[str, str] | None = None) -> None:
     executor = MigrationExecutor(connection)
     executor.loader.build_graph()
     executor.migrate([target or executor.loader.graph.leaf_nodes("outbox")[0]])
+
+
+@contextmanager
+def outbox_migrated_to(target: tuple[str, str]) -> Iterator[None]:
+    """The outbox app at migration `target`; afterwards emptied and migrated to its latest
+    migration, so that migration 0014 gives the tests after it the layout of a new database
+    (day partitions from today) rather than the partition of everything before tomorrow."""
+    migrate(target)
+    try:
+        yield
+    finally:
+        with connection.cursor() as db:
+            db.execute("TRUNCATE outbox_event, outbox_delivery, outbox_held_event")
+        migrate()
 
 
 @pytest.fixture

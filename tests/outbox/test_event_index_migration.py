@@ -9,7 +9,7 @@ from django.utils import timezone
 
 import outbox
 from outbox.models import OutboxEvent
-from tests.outbox.test_claim_relay_migration import migrate
+from tests.outbox.test_claim_relay_migration import migrate, outbox_migrated_to
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,16 +25,8 @@ def event_indexes() -> set[str]:
 
 @pytest.fixture
 def schema_before():
-    migrate(BEFORE)
-    try:
+    with outbox_migrated_to(BEFORE):
         yield
-    finally:
-        # Emptied first, so that migration 0014 gives the tests after this one the layout
-        # of a new database (day partitions from today) rather than the partition of
-        # everything before tomorrow.
-        with connection.cursor() as db:
-            db.execute("TRUNCATE outbox_event")
-        migrate()
 
 
 def test_events_from_before_the_event_log_get_transaction_id_zero_and_list_last(schema_before):

@@ -30,9 +30,9 @@ from outbox.services.partitions import (
     partitions_read,
 )
 from outbox.services.retention import outbox_event_log_purge
-from tests.conftest import TOO_LARGE, connect_outside_django
+from tests.conftest import connect_outside_django, publish_numbered
 from tests.outbox.conftest import consume_all, headers_of, publish_events
-from tests.outbox.test_claim_relay_migration import migrate
+from tests.outbox.test_claim_relay_migration import migrate, outbox_migrated_to
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 
@@ -69,10 +69,7 @@ def test_retention_drops_a_day_the_relay_is_past_and_keeps_its_held_event(
     kafka_topic, size_limited_log_relay
 ):
     topic = kafka_topic()
-    with transaction.atomic():
-        held = outbox.publish(
-            aggregate_type="o", aggregate_id="h", event_type="E", payload=TOO_LARGE, topic=topic
-        )
+    held = publish_numbered(topic, "h", 0, too_large=True)
     sent = publish_events(topic, 4)
     assert size_limited_log_relay.run().published == 4
     assert OutboxHeldEvent.objects.get().event_id == held.id
@@ -202,23 +199,15 @@ def test_a_given_event_id_is_used_once_across_transactions_and_partitions():
 
 @pytest.fixture
 def schema_before_partitions():
-    migrate(BEFORE_PARTITIONS)
-    try:
+    with outbox_migrated_to(BEFORE_PARTITIONS):
         yield
-    finally:
-        with connection.cursor() as db:
-            db.execute("TRUNCATE outbox_event, outbox_delivery, outbox_held_event")
-        migrate()
 
 
 def test_an_upgrade_with_events_in_flight_loses_and_repeats_nothing(
     schema_before_partitions, kafka_topic, kafka_consumer_config, size_limited_log_relay
 ):
     topic = kafka_topic()
-    with transaction.atomic():
-        held = outbox.publish(
-            aggregate_type="o", aggregate_id="h", event_type="E", payload=TOO_LARGE, topic=topic
-        )
+    held = publish_numbered(topic, "h", 0, too_large=True)
     sent = publish_events(topic, 3)
     assert size_limited_log_relay.run().published == 3
     pending = publish_events(topic, 2, start=3)
