@@ -483,13 +483,18 @@ class CpuMeter:
 
 def clear_outbox() -> None:
     """Empties the outbox and starts the event log afresh (deliveries, held events, ticks and
-    cursors), so that each run starts on an empty table without dead tuples."""
+    cursors), so that each run starts on an empty table without dead tuples. The partitions
+    are left as outbox.services.partitions creates them: TRUNCATE rebuilds their BRIN indexes
+    with a summary of the first range, which a new partition has not."""
     from django.db import connection
 
     from outbox.services.event_log import event_log_start_afresh
+    from outbox.services.partitions import DESUMMARIZE_FIRST_RANGE_SQL, partitions_read
 
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE outbox_event")
+        for partition in partitions_read(table="outbox_event"):
+            cursor.execute(DESUMMARIZE_FIRST_RANGE_SQL, [partition.name])
     event_log_start_afresh()
 
 

@@ -6,6 +6,9 @@ from project.settings.environment import env
 OUTBOX_TOPIC_TEMPLATE = env("OUTBOX_TOPIC_TEMPLATE", default="outbox.event.{aggregate_type}")
 # Under Kafka's default 1 MB record limit (message.max.bytes), leaving room for headers.
 OUTBOX_MAX_PAYLOAD_BYTES = env.int("OUTBOX_MAX_PAYLOAD_BYTES", default=900 * 1024)
+# publish() prepares its INSERT on each connection; off behind a pooler that cannot keep
+# prepared statements (PgBouncer in transaction mode before 1.21).
+OUTBOX_PUBLISH_PREPARED = env.bool("OUTBOX_PUBLISH_PREPARED", default=True)
 
 # Beat runs the relay this often; a relay run loops while it finds full batches.
 OUTBOX_RELAY_INTERVAL = env.float("OUTBOX_RELAY_INTERVAL", default=1.0)

@@ -1,7 +1,10 @@
+import itertools
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import transaction
+from django.test.utils import CaptureQueriesContext
 
 import outbox
 from outbox.errors import (
@@ -181,3 +184,59 @@ def test_the_size_limit_counts_the_bytes_the_relay_will_send(settings):
         sent = cursor.fetchone()[0].encode()
     assert len(sent) <= 1000
     assert len(sent) > len(b'{"items":[' + b",".join([b"1"] * 300) + b"]}")
+
+
+def test_a_drawn_event_id_is_a_version_7_uuid_of_the_events_creation_time():
+    with transaction.atomic():
+        events = [outbox.publish(**EVENT) for _ in range(50)]
+    for event in events:
+        assert (event.id.version, event.id.variant) == (7, uuid.RFC_4122)
+        milliseconds = (event.created_at - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(
+            milliseconds=1
+        )
+        assert event.id.int >> 80 == milliseconds
+    # Rising with time: an event of a later millisecond has the greater id.
+    for earlier, later in itertools.pairwise(events):
+        if later.id.int >> 80 != earlier.id.int >> 80:
+            assert later.id > earlier.id
+    assert len({event.id for event in events}) == 50
+
+
+def _prepared_statements() -> list[str]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        return [statement for (statement,) in cursor.fetchall()]
+
+
+def test_publish_prepares_its_insert_once_per_connection(settings):
+    from django.db import connection
+
+    connection.close()
+    with transaction.atomic():
+        for _ in range(3):
+            outbox.publish(**EVENT)
+    inserts = [s for s in _prepared_statements() if "INSERT INTO outbox_event " in s]
+    assert len(inserts) == 1, inserts
+    # While Django logs queries, the log shows the statement with its values.
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        event = outbox.publish(**EVENT)
+    assert any(
+        "INSERT INTO outbox_event " in query["sql"] and event.id.hex in query["sql"]
+        for query in queries.captured_queries
+    )
+    # Django's own cursors are left as Django configured them: they never prepare.
+    OutboxEvent.objects.filter(key="p-1").count()
+    assert len(_prepared_statements()) == 1
+
+
+def test_outbox_publish_prepared_off_prepares_nothing(settings):
+    from django.db import connection
+
+    settings.OUTBOX_PUBLISH_PREPARED = False
+    connection.close()
+    with transaction.atomic():
+        event = outbox.publish(**EVENT)
+    assert _prepared_statements() == []
+    assert OutboxEvent.objects.filter(pk=event.pk).exists()
