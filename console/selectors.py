@@ -56,23 +56,25 @@ def table_row_estimate(table: str) -> int:
 @dataclass(frozen=True)
 class StatusCounts:
     counts: dict[str, int]
-    # DONE is PostgreSQL's estimate of the table minus the exact PENDING and FAILED counts.
+    # DONE is PostgreSQL's estimate of the table minus the exact counts of the other statuses.
     done_estimated: bool
 
 
 def status_counts(model: type[Model]) -> StatusCounts:
-    """Counts by status. PENDING and FAILED are counted exactly (an index keeps them cheap
-    while they are few); DONE, usually nearly all rows, is estimated on big tables. The outbox
+    """Counts by status. The statuses other than DONE (PENDING, FAILED, and the inbox's
+    PARKED) are counted exactly (an index keeps them cheap while they are few); DONE, usually
+    nearly all rows, is estimated on big tables. The outbox
     is counted from the relay's cursors, delivery records and held set (its rows carry no
     status)."""
     if model is OutboxEvent:
         return _outbox_status_counts()
     table = model._meta.db_table
     manager = model._default_manager
-    counts = {status: manager.filter(status=status).count() for status in ("PENDING", "FAILED")}
+    unfinished = [status for status in model.Status.values if status != "DONE"]  # type: ignore[attr-defined]
+    counts = {status: manager.filter(status=status).count() for status in unfinished}
     estimate = table_row_estimate(table)
     if estimate > EXACT_DONE_COUNT_MAX_ROWS:
-        counts["DONE"] = max(0, estimate - counts["PENDING"] - counts["FAILED"])
+        counts["DONE"] = max(0, estimate - sum(counts.values()))
         return StatusCounts(counts=counts, done_estimated=True)
     counts["DONE"] = manager.filter(status="DONE").count()
     return StatusCounts(counts=counts, done_estimated=False)

@@ -55,6 +55,19 @@ def check_inbox_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
                 id="inbox.E002",
             )
         )
+    orderings = {"INBOX_ORDERING": settings.INBOX_ORDERING} | {
+        f"INBOX_GROUP_ORDERING[{group!r}]": ordering
+        for group, ordering in settings.INBOX_GROUP_ORDERING.items()
+    }
+    for name, ordering in orderings.items():
+        if ordering not in ("key", "none"):
+            messages.append(
+                Error(
+                    f"{name} is {ordering!r}.",
+                    hint="Set it to 'key' (order per key) or 'none'.",
+                    id="inbox.E003",
+                )
+            )
     window = KAFKA_DEFAULT_RETENTION_MS + KAFKA_DEFAULT_SEGMENT_MS
     if window > settings.INBOX_RETENTION_DAYS * MS_PER_DAY:
         messages.append(

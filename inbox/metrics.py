@@ -18,6 +18,11 @@ IGNORED = Counter("inbox_ignored", "Records of an event type with no handler.", 
 DEFERRED = Counter(
     "inbox_deferred", "Messages left to the retry task when a batch ran out of time.", ["group"]
 )
+PARKED = Counter(
+    "inbox_parked",
+    "Messages recorded behind an earlier message of their key that is not done (ordering key).",
+    ["group"],
+)
 HANDLER_SECONDS = Histogram(
     "inbox_handler_seconds",
     "Time a handler ran, savepoint included.",

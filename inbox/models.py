@@ -24,6 +24,9 @@ class InboxMessage(models.Model):
         PENDING = "PENDING", "Pending"
         DONE = "DONE", "Done"
         FAILED = "FAILED", "Failed"
+        # Recorded behind an earlier row of its key that is not done (ordering "key"): its
+        # handler runs after that row's (inbox.services.sequences).
+        PARKED = "PARKED", "Parked"
 
     event_id = models.CharField(max_length=255)
     consumer_group = models.CharField(max_length=255)
@@ -53,6 +56,10 @@ class InboxMessage(models.Model):
     # redelivery is still recognised as a duplicate) but no longer counts as a failure to
     # act on. A replay clears it.
     discarded_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Set when an operator releases the key this row holds (ordering "key"): the row keeps its
+    # state and the rows behind it run on. Poison rows are recorded released: no handler can
+    # ever run them, so they never hold their key.
+    released_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "inbox_message"
@@ -83,6 +90,15 @@ class InboxMessage(models.Model):
             # The console's search by aggregate id or key (an event id has its own index).
             models.Index(fields=("aggregate_id",), name="inbox_message_aggregate_idx"),
             models.Index(fields=("key",), name="inbox_message_key_idx"),
+            # The rows that hold their key (inbox.services.sequences.HOLDING), in order: a
+            # batch's look-up of its held keys, a sequence's run, the retry task's scan. Rows
+            # that are done, the vast majority, are not in it.
+            models.Index(
+                fields=("consumer_group", "topic", "key", "partition", "offset"),
+                name="inbox_message_holding_idx",
+                condition=~Q(status="DONE")
+                & Q(discarded_at__isnull=True, released_at__isnull=True, key__isnull=False),
+            ),
         )
 
     def __str__(self) -> str:

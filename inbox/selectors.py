@@ -2,17 +2,23 @@
 
 from collections.abc import Iterable
 
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from inbox.models import ConsumerOffset, InboxMessage
 
 
 def inbox_message_ids_due_for_retry(*, limit: int) -> list[int]:
+    """Due PENDING rows that run on their own: those of groups without order per key, and
+    those of ordered groups that hold no key (no key, or released). The others run in their
+    key's sequence (inbox.services.sequences.runnable_sequences)."""
+    from inbox.services.sequences import ordered_groups_q
+
     return list(
         InboxMessage.objects.filter(
             status=InboxMessage.Status.PENDING, next_attempt_at__lte=timezone.now()
         )
+        .filter(Q(key__isnull=True) | Q(released_at__isnull=False) | ~ordered_groups_q())
         .order_by("next_attempt_at")
         .values_list("id", flat=True)[:limit]
     )

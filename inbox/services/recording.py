@@ -25,12 +25,14 @@ from inbox.services.offsets import (
     consumer_offsets_lock,
     consumer_offsets_store,
 )
+from inbox.services.sequences import group_ordering, held_sequences_locked
 
 UNKNOWN_EVENT_TYPE_CHOICES = ("ignore", "fail")
 
 PENDING = InboxMessage.Status.PENDING.value
 DONE = InboxMessage.Status.DONE.value
 FAILED = InboxMessage.Status.FAILED.value
+PARKED = InboxMessage.Status.PARKED.value
 
 
 @dataclass
@@ -43,6 +45,8 @@ class BatchResult:
     poison: int = 0
     ignored: int = 0
     deferred: int = 0
+    # Recorded behind an earlier row of their key that is not done (ordering "key").
+    parked: int = 0
     # Records below the stored offset of an exactly-once group: already applied.
     skipped: int = 0
     handler_seconds: list[float] = field(default_factory=list)
@@ -57,6 +61,7 @@ class BatchResult:
         metrics.FAILED.labels(group, "poison").inc(self.poison)
         metrics.IGNORED.labels(group).inc(self.ignored)
         metrics.DEFERRED.labels(group).inc(self.deferred)
+        metrics.PARKED.labels(group).inc(self.parked)
         metrics.observe_all(metrics.HANDLER_SECONDS, group, self.handler_seconds)
         metrics.observe_all(metrics.CONSUME_LAG_SECONDS, group, self.consume_lag_seconds)
 
@@ -117,13 +122,14 @@ INSERT INTO inbox_message (
     id, event_id, consumer_group, topic, "partition", "offset", key, event_type,
     aggregate_type, aggregate_id, payload, headers, raw_value, raw_value_encoding, status,
     attempts, next_attempt_at, last_error, published_at, received_at, processed_at,
-    duplicate_count, last_duplicate_at
+    duplicate_count, last_duplicate_at, released_at
 )
 SELECT r.id, r.event_id, %(group)s, r.topic, r.partition, r.offset, r.key, r.event_type,
     r.aggregate_type, r.aggregate_id, r.payload::jsonb, r.headers::jsonb, r.raw_value,
     r.raw_value_encoding, r.status, r.attempts, r.next_attempt_at, r.last_error,
     r.published_at, %(now)s, r.processed_at, r.duplicate_count,
-    CASE WHEN r.duplicate_count > 0 THEN %(now)s::timestamptz END
+    CASE WHEN r.duplicate_count > 0 THEN %(now)s::timestamptz END,
+    CASE WHEN r.released THEN %(now)s::timestamptz END
 FROM unnest(
     %(id)b::bigint[], %(event_id)b::text[], %(topic)b::text[], %(partition)b::integer[],
     %(offset)b::bigint[], %(key)b::text[], %(event_type)b::text[], %(aggregate_type)b::text[],
@@ -131,11 +137,11 @@ FROM unnest(
     %(raw_value_encoding)b::text[], %(status)b::text[], %(attempts)b::integer[],
     %(next_attempt_at)b::timestamptz[], %(last_error)b::text[],
     %(published_at)b::timestamptz[], %(processed_at)b::timestamptz[],
-    %(duplicate_count)b::integer[]
+    %(duplicate_count)b::integer[], %(released)b::boolean[]
 ) AS r(
     id, event_id, topic, partition, "offset", key, event_type, aggregate_type, aggregate_id,
     payload, headers, raw_value, raw_value_encoding, status, attempts, next_attempt_at,
-    last_error, published_at, processed_at, duplicate_count
+    last_error, published_at, processed_at, duplicate_count, released
 )
 ON CONFLICT (consumer_group, event_id) DO UPDATE SET
     duplicate_count = inbox_message.duplicate_count + 1 + EXCLUDED.duplicate_count,
@@ -168,6 +174,8 @@ class _Row:
     # From the lookup: the row's id, and whether it existed before this batch.
     pk: int = 0
     existed: bool = False
+    # A poison row: no handler can ever run it, so it never holds its key.
+    released: bool = False
 
 
 # A row's status, attempts, next_attempt_at, last_error and processed_at after its handler.
@@ -199,7 +207,7 @@ def _classify(
             continue
         if record.poison is not None:
             rows[record.event_id] = _Row(
-                record, None, FAILED, last_error=poison_description(record.poison)
+                record, None, FAILED, last_error=poison_description(record.poison), released=True
             )
             continue
         entry = handlers.get(record.event_type)
@@ -212,7 +220,7 @@ def _classify(
                 "and replay the row, or set INBOX_UNKNOWN_EVENT_TYPE=ignore."
             )
             rows[record.event_id] = _Row(
-                record, None, FAILED, last_error=poison_description(poison)
+                record, None, FAILED, last_error=poison_description(poison), released=True
             )
             continue
         # Set by its handler's outcome before the INSERT.
@@ -283,6 +291,7 @@ def _insert(*, group: str, rows: Sequence[_Row], now: dt.datetime) -> None:
         "published_at": [row.record.published_at for row in rows],
         "processed_at": [row.processed_at for row in rows],
         "duplicate_count": [row.extra_deliveries for row in rows],
+        "released": [row.released for row in rows],
     }
     with _binary_cursor() as cursor:
         cursor.execute(_INSERT_SQL, params)
@@ -340,6 +349,10 @@ def inbox_message_record_batch(
     failure is recorded on its row and does not stop the batch. Handlers not started by
     `deadline` (time.monotonic()) are left PENDING and due now, for the retry task.
 
+    With the group's ordering "key" (inbox.services.sequences), a new message whose key is
+    held, by a row of an earlier batch or by one of this batch whose handler failed or was
+    deferred, is recorded PARKED without running its handler.
+
     The batch's new rows are inserted after their handlers ran, so that processed_at is when
     each handler finished: a handler does not find its own row in the table. Raises
     ConcurrentDelivery (roll back, deliver again) if another transaction recorded one of the
@@ -372,6 +385,19 @@ def inbox_message_record_batch(
         unknown_event_type=unknown_event_type,
         result=result,
     )
+    # Before the look-up, which locks the rows of redelivered events: a run of a sequence
+    # takes its lock first, then those rows.
+    held: set[tuple[str, str]] = set()
+    ordered = group_ordering(group) == "key"
+    if ordered:
+        held = held_sequences_locked(
+            group,
+            {
+                (row.record.topic, row.record.key)
+                for row in rows
+                if row.entry is not None and row.record.key is not None
+            },
+        )
     existing = _lookup(group=group, rows=rows, now=now) if rows else {}
 
     # Rows that existed and whose handler ran again (deduplication off): updated in place.
@@ -387,14 +413,25 @@ def inbox_message_record_batch(
             if before is None:
                 result.poison += 1
             continue
+        sequence = (
+            (row.record.topic, row.record.key) if ordered and row.record.key is not None else None
+        )
         # A duplicate runs nothing, unless deduplication is off (then it runs again, which is
-        # what exactly-once mode alone must make safe).
-        if before is not None and (deduplicate or before.status == FAILED):
+        # what exactly-once mode alone must make safe); one that waits for an operator, for
+        # its turn in its key, or for a retry of its key's head, waits on.
+        if before is not None and (
+            deduplicate or before.status in (FAILED, PARKED) or sequence in held
+        ):
             continue
         attempts = 0 if before is None else before.attempts
-        if deadline is not None and time.monotonic() > deadline:
+        if sequence in held:
+            result.parked += 1
+            state: _State = (PARKED, attempts, None, "", None)
+        elif deadline is not None and time.monotonic() > deadline:
             result.deferred += 1
-            state: _State = (PENDING, attempts, now, "", None)
+            state = (PENDING, attempts, now, "", None)
+            if sequence is not None:
+                held.add(sequence)
         else:
             message = _message(
                 group=group,
@@ -420,6 +457,8 @@ def inbox_message_record_batch(
                 result.failed += 1
                 status, next_attempt_at = _failure_state(attempts=attempts + 1, now=finished)
                 state = (status, attempts + 1, next_attempt_at, format_error(error), None)
+                if sequence is not None:
+                    held.add(sequence)
         if before is None:
             row.status, row.attempts, row.next_attempt_at, row.last_error, row.processed_at = state
         else:

@@ -16,6 +16,51 @@ from inbox.services.recording import PENDING, _failure_state
 from inbox.services.repairs import _replayable_failed
 
 
+def inbox_message_run_again(*, message: InboxMessage, registry: HandlerRegistry) -> str:
+    """Runs the handler of a row from its stored payload, in a savepoint of the caller's
+    transaction (which has the row locked), and saves the row's new state; returns its
+    status. Its metrics are counted when the transaction commits."""
+    entry = registry.get(group=message.consumer_group, event_type=message.event_type)
+    error: BaseException | None
+    if entry is None:
+        error = NoHandlerForRetry(
+            f"No handler for {message.event_type!r} in group {message.consumer_group!r} "
+            "in this process; is its app installed and its handlers.py imported?"
+        )
+        seconds = 0.0
+    else:
+        error, seconds = _run_handler(entry, message)
+    finished = timezone.now()
+    message.attempts += 1
+    if error is None:
+        message.status = InboxMessage.Status.DONE
+        message.processed_at = finished
+        message.next_attempt_at = None
+        message.last_error = ""
+    else:
+        status, message.next_attempt_at = _failure_state(attempts=message.attempts, now=finished)
+        message.status = InboxMessage.Status(status)
+        message.last_error = format_error(error)
+    message.save(
+        update_fields=["status", "attempts", "next_attempt_at", "last_error", "processed_at"]
+    )
+    group, published_at = message.consumer_group, message.published_at
+
+    def count() -> None:
+        metrics.HANDLER_SECONDS.labels(group).observe(seconds)
+        if error is None:
+            metrics.PROCESSED.labels(group).inc()
+            if published_at is not None:
+                metrics.CONSUME_LAG_SECONDS.labels(group).observe(
+                    (finished - published_at).total_seconds()
+                )
+        else:
+            metrics.FAILED.labels(group, "handler").inc()
+
+    transaction.on_commit(count)
+    return str(message.status)
+
+
 def inbox_message_retry(
     *, message_id: int, registry: HandlerRegistry | None = None
 ) -> InboxMessage | None:
@@ -30,50 +75,18 @@ def inbox_message_retry(
         )
         if message is None:
             return None
-        entry = registry.get(group=message.consumer_group, event_type=message.event_type)
-        error: BaseException | None
-        if entry is None:
-            error = NoHandlerForRetry(
-                f"No handler for {message.event_type!r} in group {message.consumer_group!r} "
-                "in this process; is its app installed and its handlers.py imported?"
-            )
-            seconds = 0.0
-        else:
-            error, seconds = _run_handler(entry, message)
-        finished = timezone.now()
-        message.attempts += 1
-        if error is None:
-            message.status = InboxMessage.Status.DONE
-            message.processed_at = finished
-            message.next_attempt_at = None
-            message.last_error = ""
-        else:
-            status, message.next_attempt_at = _failure_state(
-                attempts=message.attempts, now=finished
-            )
-            message.status = InboxMessage.Status(status)
-            message.last_error = format_error(error)
-        message.save(
-            update_fields=["status", "attempts", "next_attempt_at", "last_error", "processed_at"]
-        )
-    group = message.consumer_group
-    metrics.HANDLER_SECONDS.labels(group).observe(seconds)
-    if error is None:
-        metrics.PROCESSED.labels(group).inc()
-        if message.published_at is not None:
-            metrics.CONSUME_LAG_SECONDS.labels(group).observe(
-                (finished - message.published_at).total_seconds()
-            )
-    else:
-        metrics.FAILED.labels(group, "handler").inc()
+        inbox_message_run_again(message=message, registry=registry)
     return message
 
 
 def inbox_messages_retry_due(
     *, limit: int | None = None, registry: HandlerRegistry | None = None
 ) -> dict[str, int]:
-    """Retries up to `limit` due rows, oldest due first. Returns counts by outcome."""
+    """Retries up to `limit` due rows that run on their own, oldest due first, then runs up to
+    `limit` sequences of ordered groups whose first row can run (a due head, then the rows
+    parked behind it). Returns counts by outcome."""
     from inbox.selectors import inbox_message_ids_due_for_retry
+    from inbox.services.sequences import inbox_sequence_run, runnable_sequences
 
     limit = limit or settings.INBOX_RETRY_BATCH_SIZE
     counts = {"done": 0, "pending": 0, "failed": 0, "skipped": 0}
@@ -83,6 +96,10 @@ def inbox_messages_retry_due(
             counts["skipped"] += 1
         else:
             counts[message.status.lower()] += 1
+    for group, topic, key in runnable_sequences(limit=limit):
+        run = inbox_sequence_run(group=group, topic=topic, key=key, registry=registry)
+        for outcome in run.outcomes:
+            counts[outcome.lower()] += 1
     return counts
 
 

@@ -44,6 +44,13 @@ INBOX_EXACTLY_ONCE_GROUPS: list[str] = env.list("INBOX_EXACTLY_ONCE_GROUPS", def
 # themselves, or to test exactly-once mode alone: a redelivered event then runs again.
 INBOX_DEDUPLICATE = env.bool("INBOX_DEDUPLICATE", default=True)
 
+# Order per key: "key" (a row whose handler failed holds the later events of its key in its
+# group, PARKED, until it succeeds or an operator skips or releases it) or "none" (every
+# event runs on its own; a failed one is retried later, after the newer ones of its key).
+INBOX_ORDERING = env("INBOX_ORDERING", default="none")
+# Per group: INBOX_GROUP_ORDERING=analytics=none,delivery=key
+INBOX_GROUP_ORDERING: dict[str, str] = env.dict("INBOX_GROUP_ORDERING", default={})
+
 # DONE rows older than this many days (by processed_at) are deleted by beat. The inbox row is
 # what recognises a redelivery as a duplicate, so this must exceed the longest time after
 # which the same event can arrive again: the topic's retention (Kafka deletes whole log

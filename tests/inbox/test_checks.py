@@ -59,3 +59,13 @@ def test_inbox_consume_warns_about_them_at_start(kafka_topic, inbox_registry, mo
     with caplog.at_level(logging.WARNING, logger="inbox.management.commands.inbox_consume"):
         call_command("inbox_consume", "--group", "retention-check")
     assert f"Topic {topic} can deliver a record again for ever" in caplog.text
+
+
+def test_an_unknown_ordering_is_an_error():
+    with override_settings(INBOX_ORDERING="key", INBOX_GROUP_ORDERING={"delivery": "none"}):
+        assert "inbox.E003" not in warning_ids()
+    with override_settings(INBOX_ORDERING="keys"):
+        assert "inbox.E003" in warning_ids()
+    with override_settings(INBOX_ORDERING="key", INBOX_GROUP_ORDERING={"delivery": "fifo"}):
+        messages = [m for m in check_inbox_settings() if m.id == "inbox.E003"]
+        assert [m.msg for m in messages] == ["INBOX_GROUP_ORDERING['delivery'] is 'fifo'."]
