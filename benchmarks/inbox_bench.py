@@ -9,8 +9,17 @@ partitions, then measures in this one process:
 2. duplicates: the same records replayed to the same group (offsets reset to 0), all
    duplicates;
 3. naive: a consumer that records each message in its own transaction and commits its
-   offset synchronously after each one, on the first --naive-events records.
-The handler is a no-op, so the figures measure the inbox's own cost. It works in a database
+   offset synchronously after each one, on the first --naive-events records;
+4. order per key: --ordering-events records on 1,000 keys (a topic of their own), consumed
+   by new groups with ordering "none" and "key", without handler failures and with the
+   first attempt of 1 % of the events failing (those of the key mode hold their keys, the
+   later events of those keys are parked); side by side, the key mode's rate as a ratio of
+   the none mode's;
+5. one held key: --held-events records on ONE key whose first event fails: the time to
+   consume them (all parked behind it) and the time the retry task takes to run the head
+   and the parked events in order (inbox_sequence_run).
+The handler is a no-op (apart from the failures of 4 and 5), so the figures measure the
+inbox's own cost. It works in a database
 of its own (--database, created and dropped here) and deletes its topic afterwards.
 """
 
@@ -20,6 +29,8 @@ import os
 import sys
 import time
 import uuid
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +64,7 @@ def noop(message: InboxMessage) -> None:
     """The benchmark's handler: no work of its own."""
 
 
-def produce(topic: str, *, events: int, size: int) -> float:
+def produce(topic: str, *, events: int, size: int, keys: int = 5000) -> float:
     producer = Producer(
         {
             **kafka_connection_config(),
@@ -67,7 +78,7 @@ def produce(topic: str, *, events: int, size: int) -> float:
     padding = "x" * max(0, size - 120)
     started = time.perf_counter()
     for number in range(events):
-        aggregate_id = str(number % 5000)
+        aggregate_id = str(number % keys)
         payload = json.dumps({"number": number, "aggregate": aggregate_id, "padding": padding})
         headers: list[tuple[str, str | bytes | None]] = [
             ("event_id", str(uuid.uuid4()).encode()),
@@ -100,7 +111,7 @@ def run_inbox_consumer(
     def on_batch(result: BatchResult) -> None:
         timing.setdefault("first", time.perf_counter())
         timing["last"] = time.perf_counter()
-        for name in ("consumed", "inserted", "duplicates", "processed", "failed"):
+        for name in ("consumed", "inserted", "duplicates", "processed", "failed", "parked"):
             setattr(total, name, getattr(total, name) + getattr(result, name))
 
     consumer = InboxConsumer(
@@ -130,6 +141,121 @@ def run_inbox_consumer(
     finally:
         consumer.close()
     return timing["last"] - started, total
+
+
+def failing_first_attempts(fails: Callable[[InboxMessage], bool]) -> Any:
+    """A handler whose first attempt fails for the events `fails` picks."""
+
+    def handle(message: InboxMessage) -> None:
+        if message.attempts == 0 and fails(message):
+            raise RuntimeError("the first attempt of this event fails")
+
+    return handle
+
+
+def one_in_a_hundred(message: InboxMessage) -> bool:
+    # By the event id, random, so that the failures fall on keys at random.
+    return zlib.crc32(message.event_id.encode()) % 100 == 0
+
+
+def the_first(message: InboxMessage) -> bool:
+    return (message.payload or {})["number"] == 0
+
+
+def ordering_rates(*, events: int, partitions: int, size: int, batch_size: int) -> None:
+    """4: the rates of ordering none and key, without and with 1 % first-attempt failures."""
+    topic = create_topic(partitions)
+    try:
+        produce(topic, events=events, size=size, keys=1000)
+        print(
+            f"order per key: {events} events on 1,000 keys, {partitions} partitions; a new "
+            "group per run"
+        )
+        print(f"  {'run':<36}{'seconds':>9}{'events/s':>10}{'parked':>8}{'failed':>8}")
+        rates: dict[tuple[str, bool], float] = {}
+        for failures in (False, True):
+            for ordering in ("none", "key"):
+                # Each run on an empty table: a later run must not pay for the earlier rows.
+                with connection.cursor() as cursor:
+                    cursor.execute("TRUNCATE inbox_message")
+                group = f"bench-ordering-{uuid.uuid4().hex[:8]}"
+                settings.INBOX_GROUP_ORDERING = {group: ordering}
+                registry = HandlerRegistry()
+                handle = failing_first_attempts(one_in_a_hundred) if failures else noop
+                with scoped_registry(registry):
+                    register_handler(event_type=EVENT_TYPE, topic=topic, group=group)(handle)
+                seconds, result = run_inbox_consumer(
+                    group=group,
+                    topic=topic,
+                    registry=registry,
+                    events=events,
+                    batch_size=batch_size,
+                )
+                rate = events / seconds
+                rates[(ordering, failures)] = rate
+                name = f"{ordering}, {'1 % first attempts fail' if failures else 'no failures'}"
+                print(
+                    f"  {name:<36}{seconds:>9.2f}{rate:>10.0f}{result.parked:>8}{result.failed:>8}"
+                )
+        plain = rates[("key", False)] / rates[("none", False)]
+        failing = rates[("key", True)] / rates[("none", True)]
+        slowest = min(rates.values())
+        print(
+            f"  key/none without failures: {plain:.2f}x (target >= 0.9x); with failures: "
+            f"{failing:.2f}x (target >= 0.8x); every run >= 5000/s: "
+            f"{'yes' if slowest >= 5000 else 'NO'} (slowest {slowest:.0f}/s)"
+        )
+    finally:
+        delete_topic(topic)
+
+
+def held_key(*, events: int, size: int, batch_size: int) -> None:
+    """5: parking and running again `events` events behind one failed head."""
+    from inbox.services.sequences import inbox_sequence_run
+
+    topic = create_topic(1)
+    try:
+        produce(topic, events=events, size=size, keys=1)
+        group = f"bench-held-{uuid.uuid4().hex[:8]}"
+        settings.INBOX_GROUP_ORDERING = {group: "key"}
+        registry = HandlerRegistry()
+        with scoped_registry(registry):
+            register_handler(event_type=EVENT_TYPE, topic=topic, group=group)(
+                failing_first_attempts(the_first)
+            )
+        parking, result = run_inbox_consumer(
+            group=group, topic=topic, registry=registry, events=events, batch_size=batch_size
+        )
+        started = time.perf_counter()
+        InboxMessage.objects.filter(consumer_group=group, status="PENDING").update(
+            next_attempt_at=timezone.now()
+        )
+        run = inbox_sequence_run(group=group, topic=topic, key="0", registry=registry)
+        running = time.perf_counter() - started
+        left = InboxMessage.objects.filter(consumer_group=group).exclude(status="DONE").count()
+        print(
+            f"one held key: {events} events on one key, the first failing once: consumed "
+            f"(1 failed, {result.parked} parked) in {parking:.2f}s; the head and the parked "
+            f"events run in order in {running:.2f}s ({run.done} done, {left} not done); "
+            f"{parking + running:.2f}s in all (target <= 5 s for 10,000)"
+        )
+    finally:
+        delete_topic(topic)
+
+
+def create_topic(partitions: int) -> str:
+    topic = f"bench.inbox.{uuid.uuid4().hex[:10]}"
+    admin = AdminClient(kafka_connection_config())
+    admin.create_topics([NewTopic(topic, num_partitions=partitions)])[topic].result(
+        timeout=TIMEOUT_SECONDS
+    )
+    return topic
+
+
+def delete_topic(topic: str) -> None:
+    # Held in a name until the answer: a client collected meanwhile cancels its requests.
+    admin = AdminClient(kafka_connection_config())
+    admin.delete_topics([topic])[topic].result(timeout=TIMEOUT_SECONDS)
 
 
 def reset_offsets(group: str, topic: str, partitions: int) -> None:
@@ -196,17 +322,15 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1024, help="payload bytes per event")
     parser.add_argument("--naive-events", type=int, default=5_000)
     parser.add_argument("--batch-size", type=int, default=settings.INBOX_BATCH_SIZE)
+    parser.add_argument("--ordering-events", type=int, default=100_000)
+    parser.add_argument("--held-events", type=int, default=10_000)
     parser.add_argument("--database", default="bench_inbox")
     args = parser.parse_args()
 
     settings.DATABASES["default"].setdefault("TEST", {})["NAME"] = args.database
     original_name = settings.DATABASES["default"]["NAME"]
     connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
-    admin = AdminClient(kafka_connection_config())
-    topic = f"bench.inbox.{uuid.uuid4().hex[:10]}"
-    admin.create_topics([NewTopic(topic, num_partitions=args.partitions)])[topic].result(
-        timeout=TIMEOUT_SECONDS
-    )
+    topic = create_topic(args.partitions)
     group = f"bench-inbox-{uuid.uuid4().hex[:8]}"
     registry = HandlerRegistry()
     try:
@@ -256,8 +380,15 @@ def main() -> None:
             f"duplicates/new: {dup_rate / new_rate:.2f}x; "
             f"new/naive: {new_rate / naive_rate:.1f}x (target >= 10x)"
         )
+        ordering_rates(
+            events=args.ordering_events,
+            partitions=args.partitions,
+            size=args.size,
+            batch_size=args.batch_size,
+        )
+        held_key(events=args.held_events, size=args.size, batch_size=args.batch_size)
     finally:
-        admin.delete_topics([topic])[topic].result(timeout=TIMEOUT_SECONDS)
+        delete_topic(topic)
         connection.creation.destroy_test_db(original_name, verbosity=0)
 
 

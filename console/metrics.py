@@ -19,6 +19,7 @@ import inbox.metrics  # noqa: F401  (registers the inbox's counters in this proc
 import outbox.metrics  # noqa: F401  (registers the relay's counters in this process)
 from console.selectors import status_counts
 from inbox.models import InboxMessage
+from inbox.selectors import inbox_held_key_counts
 from outbox.models import OutboxEvent
 from outbox.selectors import outbox_oldest_pending_age_seconds
 from project.process_metrics import multiprocess_directory
@@ -29,6 +30,8 @@ class DatabaseBacklogCollector(Collector):
         # Names only: registration must not query the database (it happens at import).
         yield GaugeMetricFamily("outbox_events", "", labels=["status"])
         yield GaugeMetricFamily("inbox_messages", "", labels=["status"])
+        yield GaugeMetricFamily("inbox_held_keys", "", labels=["group"])
+        yield GaugeMetricFamily("inbox_parked_messages", "", labels=["group"])
         yield GaugeMetricFamily("outbox_oldest_pending_age_seconds", "")
         yield GaugeMetricFamily("console_database_up", "")
 
@@ -37,6 +40,7 @@ class DatabaseBacklogCollector(Collector):
             outbox = status_counts(OutboxEvent)
             inbox = status_counts(InboxMessage)
             oldest = outbox_oldest_pending_age_seconds()
+            held = inbox_held_key_counts()
         except DatabaseError:
             up = GaugeMetricFamily("console_database_up", "The database answered the scrape.")
             up.add_metric([], 0)
@@ -52,6 +56,17 @@ class DatabaseBacklogCollector(Collector):
             for status, count in counts.items():
                 rows.add_metric([status], count)
             yield rows
+        held_keys = GaugeMetricFamily(
+            "inbox_held_keys", "Keys held by a failed message (ordering key).", labels=["group"]
+        )
+        parked = GaugeMetricFamily(
+            "inbox_parked_messages", "Messages parked behind a held key.", labels=["group"]
+        )
+        for group, (keys, messages) in sorted(held.items()):
+            held_keys.add_metric([group], keys)
+            parked.add_metric([group], messages)
+        yield held_keys
+        yield parked
         age = GaugeMetricFamily(
             "outbox_oldest_pending_age_seconds", "Age of the oldest PENDING outbox event (0: none)."
         )

@@ -18,6 +18,9 @@ class OperatorAction(models.Model):
         INBOX_RETRY = "inbox.retry", "Retry inbox messages"
         INBOX_REPLAY = "inbox.replay", "Replay inbox messages"
         INBOX_DISCARD = "inbox.discard", "Discard inbox messages"
+        INBOX_SEQUENCE_RETRY = "inbox.retry_sequence", "Retry the sequence of a held key"
+        INBOX_SKIP_HEAD = "inbox.skip_head", "Skip the head of a held key"
+        INBOX_KEY_RELEASE = "inbox.release_key", "Release a held key"
         ANALYTICS_RUN = "analytics.run", "Start an analytics run"
 
     class Source(models.TextChoices):

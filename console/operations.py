@@ -25,6 +25,11 @@ from inbox.services.repairs import (
     inbox_messages_replay,
 )
 from inbox.services.retries import inbox_messages_retry
+from inbox.services.sequences import (
+    inbox_sequence_release,
+    inbox_sequence_retry,
+    inbox_sequence_skip_head,
+)
 from outbox.models import OutboxEvent, OutboxEventPermission
 from outbox.services.repairs import (
     outbox_event_discard,
@@ -278,6 +283,44 @@ def outbox_key_release_action(
             filters={"topic": topic, "key": key},
             note=note,
         )
+
+
+# The actions on a held key of the inbox (order per key), each with its permission.
+INBOX_KEY_ACTIONS: dict[str, tuple[str, Callable[..., InboxMessage]]] = {
+    Action.INBOX_SEQUENCE_RETRY: (InboxMessagePermission.RETRY_SEQUENCE, inbox_sequence_retry),
+    Action.INBOX_SKIP_HEAD: (InboxMessagePermission.SKIP_HEAD, inbox_sequence_skip_head),
+    Action.INBOX_KEY_RELEASE: (InboxMessagePermission.RELEASE_KEY, inbox_sequence_release),
+}
+
+
+def inbox_key_action(
+    *,
+    user: Any,
+    action: str,
+    consumer_group: str,
+    topic: str,
+    key: str,
+    source: str,
+    note: str = "",
+) -> tuple[OperatorAction, InboxMessage]:
+    """Retries the sequence of a held key, skips its head or releases it, and logs it; returns
+    the audit entry and the head. The rows behind the head are run by the retry task."""
+    permission, service = INBOX_KEY_ACTIONS[action]
+    require_permission(user, permission)
+    with transaction.atomic():
+        head = service(group=consumer_group, topic=topic, key=key)
+        record = operator_action_record(
+            user=user,
+            action=action,
+            model=model_label(InboxMessage),
+            source=source,
+            requested=1,
+            changed=1,
+            object_ids=[head.pk],
+            filters={"consumer_group": consumer_group, "topic": topic, "key": key},
+            note=note,
+        )
+    return record, head
 
 
 @dataclass(frozen=True)

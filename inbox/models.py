@@ -12,6 +12,10 @@ class InboxMessagePermission(models.TextChoices):
     RETRY = "inbox.retry_inboxmessage", "Can retry inbox messages"
     REPLAY = "inbox.replay_inboxmessage", "Can replay inbox messages"
     DISCARD = "inbox.discard_inboxmessage", "Can discard inbox messages"
+    # Order per key (inbox.services.sequences): the actions on a held key.
+    RETRY_SEQUENCE = "inbox.retry_inboxsequence", "Can retry the sequence of a held key"
+    SKIP_HEAD = "inbox.skip_inboxsequencehead", "Can skip the head of a held key"
+    RELEASE_KEY = "inbox.release_inboxkey", "Can release a held key"
 
 
 class InboxMessage(models.Model):

@@ -1,8 +1,11 @@
 """Reads of the inbox."""
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
-from django.db.models import Count, Q
+from django.contrib.postgres.aggregates import ArrayAgg
+from django.db.models import Count, Q, TextField, Value
+from django.db.models.functions import Concat
 from django.utils import timezone
 
 from inbox.models import ConsumerOffset, InboxMessage
@@ -43,3 +46,64 @@ def consumer_offsets_for(
         "topic", "partition", "next_offset"
     )
     return {(t, p): offset for t, p, offset in rows if (t, p) in wanted}
+
+
+@dataclass(frozen=True)
+class HeldKey:
+    """A key held in a group with ordering "key": its head and how many rows wait behind it."""
+
+    consumer_group: str
+    topic: str
+    key: str
+    parked: int
+    head: InboxMessage
+
+
+def inbox_held_keys(*, consumer_group: str | None = None, limit: int = 100) -> list[HeldKey]:
+    """The held keys of the groups with ordering "key", the longest held first (by the head's
+    receipt), read from the index of the rows that hold their key."""
+    from inbox.services.sequences import HOLDING, ordered_groups_q
+
+    rows = InboxMessage.objects.filter(HOLDING & ordered_groups_q())
+    if consumer_group is not None:
+        rows = rows.filter(consumer_group=consumer_group)
+    keys = list(
+        rows.values("consumer_group", "topic", "key")
+        .annotate(
+            parked=Count("id", filter=Q(status=InboxMessage.Status.PARKED)),
+            head_id=ArrayAgg("id", order_by=("partition", "offset")),
+        )
+        .order_by()
+    )
+    heads = InboxMessage.objects.defer("payload", "headers", "raw_value").in_bulk(
+        [key["head_id"][0] for key in keys]
+    )
+    held = [
+        # The rows that hold a key have one.
+        HeldKey(
+            key["consumer_group"], key["topic"], key["key"] or "", key["parked"], heads[head_id]
+        )
+        for key in keys
+        if (head_id := key["head_id"][0]) in heads
+    ]
+    held.sort(key=lambda key: key.head.received_at)
+    return held[:limit]
+
+
+def inbox_held_key_counts() -> dict[str, tuple[int, int]]:
+    """Per group with ordering "key": how many keys are held, and how many messages are parked
+    behind them."""
+    from inbox.services.sequences import HOLDING, ordered_groups_q
+
+    rows = (
+        InboxMessage.objects.filter(HOLDING & ordered_groups_q())
+        .values("consumer_group")
+        .annotate(
+            keys=Count(
+                Concat("topic", Value("\x1f"), "key", output_field=TextField()), distinct=True
+            ),
+            parked=Count("id", filter=Q(status=InboxMessage.Status.PARKED)),
+        )
+        .order_by()
+    )
+    return {row["consumer_group"]: (row["keys"], row["parked"]) for row in rows}

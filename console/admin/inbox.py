@@ -1,14 +1,17 @@
 """The inbox messages' console: messages of every consumer group, their payloads and errors,
-and the operators' retry, replay and discard. Every action calls console.operations, has its
-own permission, and is written to the audit log."""
+the operators' retry, replay and discard, and the keys held in groups with order per key
+(retry the sequence, skip the head, release the key). Every action calls console.operations,
+has its own permission, and is written to the audit log."""
 
 import uuid
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
-from django.http import HttpRequest, HttpResponse
-from django.urls import reverse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from unfold.contrib.filters.admin import RangeDateTimeFilter
 from unfold.decorators import action, display
@@ -19,8 +22,10 @@ from console.admin.base import (
     run_selected_action,
 )
 from console.models import OperatorAction
-from console.operations import inbox_message_action
+from console.operations import INBOX_KEY_ACTIONS, inbox_key_action, inbox_message_action
+from inbox.errors import InvalidTransition
 from inbox.models import InboxMessage, InboxMessagePermission
+from inbox.selectors import inbox_held_keys
 from outbox.models import OutboxEvent
 
 Action = OperatorAction.Action
@@ -89,6 +94,7 @@ class InboxMessageAdmin(DeliveryAdmin):
                     "duplicate_count",
                     "last_duplicate_at",
                     "discarded_at",
+                    "released_at",
                 )
             },
         ),
@@ -97,6 +103,21 @@ class InboxMessageAdmin(DeliveryAdmin):
             {"fields": ("payload_json", "headers_json", "raw_value", "raw_value_encoding")},
         ),
     )
+
+    def get_urls(self) -> list[URLPattern]:
+        return [
+            path(
+                "held-keys/",
+                self.admin_site.admin_view(self.held_keys_view),
+                name="inbox_inboxmessage_held_keys",
+            ),
+            path(
+                "held-keys/act/",
+                self.admin_site.admin_view(self.held_key_action_view),
+                name="inbox_inboxmessage_held_key_action",
+            ),
+            *super().get_urls(),
+        ]
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str
@@ -141,6 +162,79 @@ class InboxMessageAdmin(DeliveryAdmin):
     @action(description="Discard", url_path="discard", permissions=["discard"])
     def discard_detail(self, request: HttpRequest, object_id: str) -> HttpResponse:
         return self.detail_action(request, object_id, Action.INBOX_DISCARD, "Discard")
+
+    # --- held keys (order per key) ---------------------------------------------------------------
+
+    def held_keys_view(self, request: HttpRequest) -> HttpResponse:
+        """The keys held in groups with order per key: the head, its error, the rows parked
+        behind it, and the actions the user may take on each."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        group = request.GET.get("consumer_group") or None
+        allowed = [
+            (action, Action(action).label)
+            for action, (permission, _) in INBOX_KEY_ACTIONS.items()
+            if request.user.has_perm(permission)
+        ]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Held keys (order per key)",
+            "opts": self.model._meta,
+            "held_keys": inbox_held_keys(consumer_group=group, limit=500),
+            "consumer_group": group or "",
+            "actions": allowed,
+        }
+        return TemplateResponse(request, "admin/console/inbox_held_keys.html", context)
+
+    def held_key_action_view(self, request: HttpRequest) -> HttpResponse:
+        """Confirms, then runs one action on a held key."""
+        source = request.POST if request.method == "POST" else request.GET
+        action_name = source.get("action", "")
+        if action_name not in INBOX_KEY_ACTIONS:
+            raise PermissionDenied
+        if not request.user.has_perm(INBOX_KEY_ACTIONS[action_name][0]):
+            raise PermissionDenied
+        group, topic, key = (source.get(name, "") for name in ("consumer_group", "topic", "key"))
+        held_keys_url = reverse("admin:inbox_inboxmessage_held_keys")
+        if request.method == "POST":
+            try:
+                record, head = inbox_key_action(
+                    user=request.user,
+                    action=action_name,
+                    consumer_group=group,
+                    topic=topic,
+                    key=key,
+                    source="admin",
+                    note=request.POST.get("note", "")[:2000],
+                )
+            except InvalidTransition as error:
+                self.message_user(request, str(error), messages.ERROR)
+            else:
+                self.message_user(
+                    request,
+                    f"{Action(action_name).label}: key {key!r} of topic {topic!r} in group "
+                    f"{group!r}, head message {head.pk} (audit #{record.pk}). The retry task "
+                    "runs the parked messages.",
+                    messages.SUCCESS,
+                )
+            return HttpResponseRedirect(held_keys_url)
+        held = [
+            held
+            for held in inbox_held_keys(consumer_group=group, limit=10_000)
+            if (held.topic, held.key) == (topic, key)
+        ]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": Action(action_name).label,
+            "opts": self.model._meta,
+            "action": action_name,
+            "consumer_group": group,
+            "topic": topic,
+            "key": key,
+            "held": held[0] if held else None,
+            "cancel_url": held_keys_url,
+        }
+        return TemplateResponse(request, "admin/console/inbox_held_key_action.html", context)
 
 
 def _as_uuid(value: str) -> str | None:

@@ -25,7 +25,7 @@ from inbox.services.offsets import (
     consumer_offsets_lock,
     consumer_offsets_store,
 )
-from inbox.services.sequences import group_ordering, held_sequences_locked
+from inbox.services.sequences import group_ordering, held_sequences
 
 UNKNOWN_EVENT_TYPE_CHOICES = ("ignore", "fail")
 
@@ -180,6 +180,13 @@ class _Row:
 
 # A row's status, attempts, next_attempt_at, last_error and processed_at after its handler.
 _State = tuple[str, int, dt.datetime | None, str, dt.datetime | None]
+
+
+def states_update(states: Sequence[tuple[int, *_State]]) -> None:
+    """Writes the state of many rows, (id, status, attempts, next_attempt_at, last_error,
+    processed_at) each, in one statement."""
+    with _binary_cursor() as cursor:
+        cursor.execute(_UPDATE_SQL, [list(column) for column in zip(*states, strict=True)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,12 +392,10 @@ def inbox_message_record_batch(
         unknown_event_type=unknown_event_type,
         result=result,
     )
-    # Before the look-up, which locks the rows of redelivered events: a run of a sequence
-    # takes its lock first, then those rows.
     held: set[tuple[str, str]] = set()
     ordered = group_ordering(group) == "key"
     if ordered:
-        held = held_sequences_locked(
+        held = held_sequences(
             group,
             {
                 (row.record.topic, row.record.key)
@@ -466,8 +471,7 @@ def inbox_message_record_batch(
     if rows:
         _insert(group=group, rows=rows, now=now)
     if updates:
-        with _binary_cursor() as cursor:
-            cursor.execute(_UPDATE_SQL, [list(column) for column in zip(*updates, strict=True)])
+        states_update(updates)
     if exactly_once:
         consumer_offsets_store(group=group, next_offsets=next_offsets)
     return result

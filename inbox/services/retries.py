@@ -16,10 +16,12 @@ from inbox.services.recording import PENDING, _failure_state
 from inbox.services.repairs import _replayable_failed
 
 
-def inbox_message_run_again(*, message: InboxMessage, registry: HandlerRegistry) -> str:
+def handler_run_again(
+    *, message: InboxMessage, registry: HandlerRegistry
+) -> tuple[BaseException | None, float]:
     """Runs the handler of a row from its stored payload, in a savepoint of the caller's
-    transaction (which has the row locked), and saves the row's new state; returns its
-    status. Its metrics are counted when the transaction commits."""
+    transaction (which has the row locked), and sets the row's new state on `message`
+    without saving it; returns the handler's error and its time."""
     entry = registry.get(group=message.consumer_group, event_type=message.event_type)
     error: BaseException | None
     if entry is None:
@@ -41,24 +43,29 @@ def inbox_message_run_again(*, message: InboxMessage, registry: HandlerRegistry)
         status, message.next_attempt_at = _failure_state(attempts=message.attempts, now=finished)
         message.status = InboxMessage.Status(status)
         message.last_error = format_error(error)
-    message.save(
-        update_fields=["status", "attempts", "next_attempt_at", "last_error", "processed_at"]
+    return error, seconds
+
+
+def count_on_commit(*, message: InboxMessage, error: BaseException | None, seconds: float) -> None:
+    """Counts a handler's run again in the metrics once the transaction commits."""
+    group, published_at, processed_at = (
+        message.consumer_group,
+        message.published_at,
+        message.processed_at,
     )
-    group, published_at = message.consumer_group, message.published_at
 
     def count() -> None:
         metrics.HANDLER_SECONDS.labels(group).observe(seconds)
         if error is None:
             metrics.PROCESSED.labels(group).inc()
-            if published_at is not None:
+            if published_at is not None and processed_at is not None:
                 metrics.CONSUME_LAG_SECONDS.labels(group).observe(
-                    (finished - published_at).total_seconds()
+                    (processed_at - published_at).total_seconds()
                 )
         else:
             metrics.FAILED.labels(group, "handler").inc()
 
     transaction.on_commit(count)
-    return str(message.status)
 
 
 def inbox_message_retry(
@@ -75,7 +82,11 @@ def inbox_message_retry(
         )
         if message is None:
             return None
-        inbox_message_run_again(message=message, registry=registry)
+        error, seconds = handler_run_again(message=message, registry=registry)
+        message.save(
+            update_fields=["status", "attempts", "next_attempt_at", "last_error", "processed_at"]
+        )
+        count_on_commit(message=message, error=error, seconds=seconds)
     return message
 
 

@@ -62,8 +62,8 @@ def sequence_lock_name(group: str, topic: str, key: str) -> str:
 
 def _lock_sequences(group: str, sequences: Iterable[tuple[str, str]]) -> None:
     """Takes the transaction-level advisory lock of each sequence, in one order for every
-    caller (no deadlock between two of them). Whoever runs a sequence holds its lock until it
-    commits, so a batch that finds the key held waits, then sees what the run left."""
+    caller (no deadlock between two of them): one run of a sequence, or one operator's change
+    of its head, at a time."""
     names = sorted(sequence_lock_name(group, topic, key) for topic, key in sequences)
     if not names:
         return
@@ -76,7 +76,14 @@ def _lock_sequences(group: str, sequences: Iterable[tuple[str, str]]) -> None:
 
 
 def held_sequences(group: str, sequences: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
-    """Which of these (topic, key) sequences of the group have a row that holds the key."""
+    """Which of these (topic, key) sequences of the group have a row that holds the key.
+
+    Read without a lock. A key found free is free for the batch: only a failure recorded by
+    the consumer that owns the key's partition makes a key held. A key found held may be
+    released meanwhile by a run of its sequence that has not committed yet: the message the
+    batch parks then commits after the run's last read, and is the first holding row of its
+    key, PARKED, which the retry task's next pass runs (runnable_sequences): late by a pass,
+    never out of order, never stuck."""
     wanted = sorted(set(sequences))
     if not wanted:
         return set()
@@ -95,18 +102,6 @@ def held_sequences(group: str, sequences: Iterable[tuple[str, str]]) -> set[tupl
             [[topic for topic, _ in wanted], [key for _, key in wanted], group],
         )
         return {(topic, key) for topic, key in cursor.fetchall()}
-
-
-def held_sequences_locked(group: str, sequences: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
-    """held_sequences(), made certain for the keys found held: their locks are taken (waiting
-    for a run of the sequence in progress) and they are looked up again. A key found free is
-    free for this batch: only a failure recorded in the key's partition, by the consumer that
-    owns it, makes a key held."""
-    held = held_sequences(group, sequences)
-    if not held:
-        return held
-    _lock_sequences(group, held)
-    return held_sequences(group, held)
 
 
 def _sequence(group: str, topic: str, key: str) -> QuerySet[InboxMessage]:
@@ -138,7 +133,8 @@ def inbox_sequence_run(
     at a head that is not due or FAILED. Commits every `chunk` rows
     (INBOX_RETRY_BATCH_SIZE): a run cut short leaves a PARKED row first, which the retry
     task's next pass runs on."""
-    from inbox.services.retries import inbox_message_run_again
+    from inbox.services.recording import states_update
+    from inbox.services.retries import count_on_commit, handler_run_again
 
     registry = registry if registry is not None else get_registry()
     chunk = chunk or settings.INBOX_RETRY_BATCH_SIZE
@@ -146,26 +142,47 @@ def inbox_sequence_run(
     while True:
         with transaction.atomic():
             _lock_sequences(group, [(topic, key)])
-            rows = list(_sequence(group, topic, key)[:chunk])
+            rows = list(_sequence(group, topic, key).select_for_update()[:chunk])
+            now = timezone.now()
+            ran: list[InboxMessage] = []
             for row in rows:
-                if row.status == FAILED or (
-                    row.status == PENDING
-                    and row.next_attempt_at
-                    and row.next_attempt_at > timezone.now()
-                ):
+                waits = row.status == PENDING and (row.next_attempt_at or now) > now
+                if row.status == FAILED or waits:
                     run.stopped_at = row
-                    return run
-                outcome = inbox_message_run_again(message=row, registry=registry)
-                run.outcomes.append(outcome)
-                if outcome != DONE:
+                    break
+                error, seconds = handler_run_again(message=row, registry=registry)
+                count_on_commit(message=row, error=error, seconds=seconds)
+                ran.append(row)
+                run.outcomes.append(str(row.status))
+                if error is not None:
                     run.stopped_at = row
-                    return run
+                    break
                 run.done += 1
-        if len(rows) < chunk:
+            # The chunk's new states in one statement.
+            if ran:
+                states_update(
+                    [
+                        (
+                            r.pk,
+                            r.status,
+                            r.attempts,
+                            r.next_attempt_at,
+                            r.last_error,
+                            r.processed_at,
+                        )
+                        for r in ran
+                    ]
+                )
+        if run.stopped_at is not None or len(rows) < chunk:
             return run
 
 
 def _head(group: str, topic: str, key: str) -> InboxMessage:
+    if group_ordering(group) != "key":
+        raise InvalidTransition(
+            f"Group {group!r} has ordering 'none': its keys are never held (INBOX_ORDERING, "
+            "INBOX_GROUP_ORDERING)."
+        )
     head = _sequence(group, topic, key).select_for_update().first()
     if head is None or head.status == PARKED:
         raise InvalidTransition(
@@ -198,11 +215,9 @@ def inbox_sequence_release(*, group: str, topic: str, key: str) -> InboxMessage:
     return head
 
 
-def inbox_sequence_retry(
-    *, group: str, topic: str, key: str, registry: HandlerRegistry | None = None
-) -> SequenceRun:
-    """An operator's decision: the head runs now (a FAILED one with a fresh retry budget),
-    then the rows behind it, until one fails."""
+def inbox_sequence_retry(*, group: str, topic: str, key: str) -> InboxMessage:
+    """An operator's decision: the head is due now (a FAILED one with a fresh retry budget);
+    the retry task runs it, then the rows behind it, until one fails."""
     with transaction.atomic():
         _lock_sequences(group, [(topic, key)])
         head = _head(group, topic, key)
@@ -211,7 +226,7 @@ def inbox_sequence_retry(
         head.status = InboxMessage.Status.PENDING
         head.next_attempt_at = timezone.now()
         head.save(update_fields=["status", "attempts", "next_attempt_at"])
-    return inbox_sequence_run(group=group, topic=topic, key=key, registry=registry)
+    return head
 
 
 def runnable_sequences(*, limit: int) -> list[tuple[str, str, str]]:

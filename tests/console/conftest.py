@@ -31,6 +31,9 @@ ACTION_PERMISSIONS = (
     "inbox.retry_inboxmessage",
     "inbox.replay_inboxmessage",
     "inbox.discard_inboxmessage",
+    "inbox.retry_inboxsequence",
+    "inbox.skip_inboxsequencehead",
+    "inbox.release_inboxkey",
 )
 # The relay named on the delivery records the fixtures write.
 RELAY = "relay-1"

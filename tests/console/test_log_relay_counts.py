@@ -48,7 +48,7 @@ def test_status_counts_read_the_cursors_and_the_held_set(no_dashboard_cache):
     counts = status_counts(OutboxEvent)
     assert (counts.counts, counts.done_estimated) == (MIX_COUNTS, False)
     # The inbox is counted as before, from its rows.
-    assert status_counts(InboxMessage).counts == {"PENDING": 0, "FAILED": 0, "DONE": 0}
+    assert status_counts(InboxMessage).counts == {"PENDING": 0, "FAILED": 0, "PARKED": 0, "DONE": 0}
 
 
 @pytest.mark.django_db

@@ -1,6 +1,6 @@
 from rest_framework import serializers
 
-from console.api.serializers import BulkInputSerializer
+from console.api.serializers import ActionInputSerializer, BulkInputSerializer
 from inbox.models import InboxMessage
 
 LIST_FIELDS = (
@@ -24,6 +24,7 @@ LIST_FIELDS = (
     "duplicate_count",
     "last_duplicate_at",
     "discarded_at",
+    "released_at",
 )
 
 
@@ -48,3 +49,30 @@ class InboxBulkInputSerializer(BulkInputSerializer):
     ids = serializers.ListField(
         child=serializers.IntegerField(min_value=1), required=False, min_length=1
     )
+
+
+class HeldKeySerializer(serializers.Serializer):
+    """A key held in a group with ordering "key": the head, and how many rows are parked."""
+
+    consumer_group = serializers.CharField(read_only=True)
+    topic = serializers.CharField(read_only=True)
+    key = serializers.CharField(read_only=True)
+    parked = serializers.IntegerField(read_only=True)
+    head = InboxMessageListSerializer(read_only=True)
+
+
+class HeldKeyQuerySerializer(serializers.Serializer):
+    consumer_group = serializers.CharField(max_length=255, required=False)
+    limit = serializers.IntegerField(min_value=1, max_value=1000, default=100)
+
+
+class HeldKeyActionInputSerializer(ActionInputSerializer):
+    # As stored: a key's spaces are part of it.
+    consumer_group = serializers.CharField(max_length=255, trim_whitespace=False)
+    topic = serializers.CharField(max_length=249, trim_whitespace=False)
+    key = serializers.CharField(trim_whitespace=False)
+
+
+class HeldKeyActionResultSerializer(serializers.Serializer):
+    head = InboxMessageListSerializer(read_only=True)
+    audit_id = serializers.IntegerField(read_only=True)

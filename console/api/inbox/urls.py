@@ -1,8 +1,9 @@
 from rest_framework.routers import SimpleRouter
 
-from console.api.inbox.views import InboxMessageViewSet
+from console.api.inbox.views import HeldKeyViewSet, InboxMessageViewSet
 
 router = SimpleRouter()
 router.register("messages", InboxMessageViewSet, basename="inbox-message")
+router.register("held-keys", HeldKeyViewSet, basename="inbox-held-key")
 
 urlpatterns = router.urls

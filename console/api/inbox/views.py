@@ -12,6 +12,10 @@ from console.api.bulk import bulk_response
 from console.api.exceptions import ConsoleAPIError
 from console.api.inbox.filters import InboxMessageFilter
 from console.api.inbox.serializers import (
+    HeldKeyActionInputSerializer,
+    HeldKeyActionResultSerializer,
+    HeldKeyQuerySerializer,
+    HeldKeySerializer,
     InboxBulkInputSerializer,
     InboxMessageDetailSerializer,
     InboxMessageListSerializer,
@@ -20,8 +24,9 @@ from console.api.pagination import ConsoleCursorPagination
 from console.api.permissions import view_permission
 from console.api.serializers import ActionInputSerializer, BulkResultSerializer
 from console.models import OperatorAction
-from console.operations import inbox_message_action
+from console.operations import inbox_key_action, inbox_message_action
 from inbox.models import InboxMessage, InboxMessagePermission
+from inbox.selectors import inbox_held_keys
 
 Action = OperatorAction.Action
 VIEW = [view_permission(InboxMessage)]
@@ -134,3 +139,64 @@ class InboxMessageViewSet(viewsets.ReadOnlyModelViewSet):
     def bulk_discard(self, request: Request) -> Response:
         """Discards the FAILED messages named by ids or by filter; dry_run only counts them."""
         return self._bulk(request, Action.INBOX_DISCARD)
+
+
+class HeldKeyViewSet(viewsets.ViewSet):
+    """Keys held in groups with ordering "key" (a failed head, the rows parked behind it),
+    and the operators' actions on one: retry its sequence, skip its head, release it."""
+
+    required_permissions = {
+        "list": VIEW,
+        "retry": [*VIEW, InboxMessagePermission.RETRY_SEQUENCE],
+        "skip_head": [*VIEW, InboxMessagePermission.SKIP_HEAD],
+        "release": [*VIEW, InboxMessagePermission.RELEASE_KEY],
+    }
+
+    def get_throttles(self) -> list[BaseThrottle]:
+        self.throttle_scope = "" if self.action == "list" else "actions"
+        return super().get_throttles()
+
+    @extend_schema(parameters=[HeldKeyQuerySerializer], responses=HeldKeySerializer(many=True))
+    def list(self, request: Request) -> Response:
+        """The held keys, the longest held first."""
+        query = HeldKeyQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        held = inbox_held_keys(
+            consumer_group=query.validated_data.get("consumer_group"),
+            limit=query.validated_data["limit"],
+        )
+        return Response(HeldKeySerializer(held, many=True).data)
+
+    def _act(self, request: Request, action_name: str) -> Response:
+        data = HeldKeyActionInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        record, head = inbox_key_action(
+            user=request.user,
+            action=action_name,
+            consumer_group=data.validated_data["consumer_group"],
+            topic=data.validated_data["topic"],
+            key=data.validated_data["key"],
+            source="api",
+            note=data.validated_data["note"],
+        )
+        return Response(HeldKeyActionResultSerializer({"head": head, "audit_id": record.pk}).data)
+
+    @extend_schema(request=HeldKeyActionInputSerializer, responses=HeldKeyActionResultSerializer)
+    @action(detail=False, methods=["post"])
+    def retry(self, request: Request) -> Response:
+        """Makes the head due now (a FAILED one with a fresh retry budget); the retry task
+        runs it and then the parked rows, in order, until one fails."""
+        return self._act(request, Action.INBOX_SEQUENCE_RETRY)
+
+    @extend_schema(request=HeldKeyActionInputSerializer, responses=HeldKeyActionResultSerializer)
+    @action(detail=False, methods=["post"], url_path="skip-head")
+    def skip_head(self, request: Request) -> Response:
+        """Discards the head (it never runs); the retry task runs the parked rows."""
+        return self._act(request, Action.INBOX_SKIP_HEAD)
+
+    @extend_schema(request=HeldKeyActionInputSerializer, responses=HeldKeyActionResultSerializer)
+    @action(detail=False, methods=["post"])
+    def release(self, request: Request) -> Response:
+        """The head keeps its state and no longer holds the key; the retry task runs the
+        parked rows."""
+        return self._act(request, Action.INBOX_KEY_RELEASE)
