@@ -9,6 +9,9 @@ AGGREGATE_TYPE = "scenario"
 TOPIC_VARIABLE = "SCENARIO_TOPIC"
 GROUP_VARIABLE = "SCENARIO_GROUP"
 RUN_VARIABLE = "SCENARIO_RUN"
+# The percentage of events whose handler's first attempt fails (handler-failures), chosen by a
+# hash of the run and the event id: the same events fail in every process of a run.
+FAILURE_PERCENT_VARIABLE = "SCENARIO_FIRST_ATTEMPT_FAILURE_PERCENT"
 
 
 def handler_target() -> tuple[str, str, str] | None:

@@ -20,6 +20,7 @@ from django.db import connection
 from outbox.models import OutboxDelivery, OutboxEvent
 from outbox.selectors import outbox_events_with_delivery
 from scenarios import faults
+from scenarios.conf import FAILURE_PERCENT_VARIABLE
 from scenarios.runner import PARTITIONS, Managed, Run, Scenario
 
 # Wait after a broker restart, so every round starts from a healthy cluster.
@@ -626,6 +627,41 @@ def _broken_log_relay(run: Run) -> None:
         run.add_consumer(index)
 
 
+# 16: order per key through handler failures ------------------------------------------------
+
+FIRST_ATTEMPT_FAILURE_PERCENT = 5
+
+
+def _handler_failures_start(run: Run, *, ordering: str = "key") -> None:
+    """A relay, three consumers, and Celery beat and a worker for the inbox's retry task; the
+    scenario handler fails the first attempt of 5 % of the events."""
+    env = {
+        "INBOX_ORDERING": ordering,
+        FAILURE_PERCENT_VARIABLE: str(FIRST_ATTEMPT_FAILURE_PERCENT),
+    }
+    run.add_relay(1)
+    for index in (1, 2, 3):
+        run.add_consumer(index, env=env)
+    run.add_celery_worker(1, env=env)
+    run.add_celery_beat(1, env=env)
+
+
+def _check_handler_failures(run: Run) -> None:
+    """The fault happened: inbox rows whose first attempt failed (done on a later one, or not
+    done), about 5 % of the events."""
+    from inbox.models import InboxMessage
+
+    retried = InboxMessage.objects.filter(
+        consumer_group=run.group, topic=run.topic, attempts__gte=2
+    ).count()
+    run.extra["handler_failures"] = retried
+    expected = run.events * FIRST_ATTEMPT_FAILURE_PERCENT // 100
+    if retried < expected // 2:
+        run.extra_problems.append(
+            f"{retried} rows whose first attempt failed; about {expected} expected"
+        )
+
+
 def _no_dedup_consumers(run: Run) -> None:
     run.add_relay(1)
     for index in (1, 2):
@@ -772,6 +808,17 @@ SCENARIOS: dict[str, Scenario] = {
             after=_check_takeovers,
         ),
         Scenario(
+            "handler-failures",
+            "Handlers failing 5 % of first attempts on 100 keys, consumers SIGKILLed",
+            True,
+            _handler_failures_start,
+            _consumer_kills,
+            production_seconds=50,
+            planned_faults=15,
+            keys=100,
+            after=_check_handler_failures,
+        ),
+        Scenario(
             "broken-consumer-commit-first",
             "BROKEN consumer: offsets committed before the database transaction",
             False,
@@ -800,6 +847,17 @@ SCENARIOS: dict[str, Scenario] = {
             production_seconds=5,
             expect_fail=True,
             stall_seconds=20,
+        ),
+        Scenario(
+            "broken-ordering-none",
+            "BROKEN order per key: handlers failing 5 % of first attempts, ordering none",
+            False,
+            partial(_handler_failures_start, ordering="none"),
+            _no_faults,
+            production_seconds=20,
+            keys=100,
+            after=_check_handler_failures,
+            expect_fail=True,
         ),
     )
 }

@@ -46,3 +46,15 @@ def test_an_event_log_cursor_moved_before_the_delivery_report_loses_events(scena
     assert result["lost"] > 0, output
     assert result["report"]["log_missing"] == result["lost"]
     assert result["stuck"] == 0  # recorded as published: nothing looks stuck
+
+
+def test_ordering_none_applies_a_failed_event_after_the_later_ones_of_its_key(scenario_run):
+    # The handler-failures scenario with ordering "none": a failed event is retried after
+    # newer events of its key ran, and the checker reports the inversions.
+    code, output, result = scenario_run("broken-ordering-none")
+    assert code == 0, output
+    assert not result["passed"]
+    assert result["extra"]["handler_failures"] > 0, result["extra"]
+    assert result["inversions"] > 0, output
+    assert result["lost"] == 0
+    assert result["duplicate_effects"] == 0

@@ -57,6 +57,17 @@ def test_consumers_killed_every_3_seconds(scenario_run):
     _faults_struck_while_events_flowed(result)
 
 
+def test_handler_failures_keep_the_order_of_each_key(scenario_run):
+    # Ordering "key": a failed first attempt holds its key; the events behind it are parked
+    # and run after it by the retry task (Celery beat and a worker), while consumers die.
+    code, output, result = scenario_run("handler-failures")
+    assert code == 0, output
+    _passes(result, output)
+    assert sum(result["extra"]["kills"].values()) == 15
+    assert result["extra"]["handler_failures"] > 0, result["extra"]
+    _faults_struck_while_events_flowed(result)
+
+
 def test_poison_records_are_quarantined_and_the_rest_flows(scenario_run):
     code, output, result = scenario_run("poison")
     assert code == 0, output
