@@ -49,6 +49,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "DeliveryStatusEnum": "outbox.models.OutboxEvent.Status",
         "AnalyticsRunStatusEnum": "analytics.models.AnalyticsRun.Status",
+        "InboxMessageStatusEnum": "inbox.models.InboxMessage.Status",
     },
 }
 

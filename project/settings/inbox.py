@@ -47,7 +47,7 @@ INBOX_DEDUPLICATE = env.bool("INBOX_DEDUPLICATE", default=True)
 # Order per key: "key" (a row whose handler failed holds the later events of its key in its
 # group, PARKED, until it succeeds or an operator skips or releases it) or "none" (every
 # event runs on its own; a failed one is retried later, after the newer ones of its key).
-INBOX_ORDERING = env("INBOX_ORDERING", default="none")
+INBOX_ORDERING = env("INBOX_ORDERING", default="key")
 # Per group: INBOX_GROUP_ORDERING=analytics=none,delivery=key
 INBOX_GROUP_ORDERING: dict[str, str] = env.dict("INBOX_GROUP_ORDERING", default={})
 

@@ -198,13 +198,22 @@ def _statements_of_a_batch(monkeypatch, size: int) -> int:
     return len(executed)
 
 
-def test_a_batch_runs_the_same_few_statements_whatever_its_size(inbox_registry, monkeypatch):
+@pytest.mark.parametrize(("ordering", "statements"), [("none", 4), ("key", 5)])
+def test_a_batch_runs_the_same_few_statements_whatever_its_size(
+    inbox_registry, monkeypatch, ordering, statements
+):
     @handler(event_type="OrderPlaced", topic="t", group=GROUP)
     def noop(message):
         pass
 
-    # The lookup of existing rows and the INSERT, in the test's savepoint (and its release).
-    assert _statements_of_a_batch(monkeypatch, 2) == _statements_of_a_batch(monkeypatch, 50) == 4
+    # The lookup of existing rows and the INSERT, in the test's savepoint (and its release);
+    # with order per key, the look-up of the batch's held keys too.
+    with override_settings(INBOX_ORDERING=ordering):
+        assert (
+            _statements_of_a_batch(monkeypatch, 2)
+            == _statements_of_a_batch(monkeypatch, 50)
+            == statements
+        )
 
 
 def test_a_handler_s_message_carries_the_id_of_its_row(inbox_registry):
