@@ -15,6 +15,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
+from inbox.config import CLASSIC_ONLY_CONFIG, GROUP_PROTOCOLS
 from project.kafka import kafka_connection_config
 
 MS_PER_DAY = 86_400_000
@@ -68,6 +69,7 @@ def check_inbox_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
                     id="inbox.E003",
                 )
             )
+    messages += _group_protocol_errors()
     window = KAFKA_DEFAULT_RETENTION_MS + KAFKA_DEFAULT_SEGMENT_MS
     if window > settings.INBOX_RETENTION_DAYS * MS_PER_DAY:
         messages.append(
@@ -84,6 +86,30 @@ def check_inbox_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
             )
         )
     return messages
+
+
+def _group_protocol_errors() -> list[CheckMessage]:
+    protocol = settings.INBOX_GROUP_PROTOCOL
+    if protocol not in GROUP_PROTOCOLS:
+        return [
+            Error(
+                f"INBOX_GROUP_PROTOCOL is {protocol!r}.",
+                hint="Set it to 'classic' or 'consumer' (KIP-848, Kafka 4).",
+                id="inbox.E004",
+            )
+        ]
+    if protocol != "consumer":
+        return []
+    return [
+        Error(
+            f"INBOX_CONSUMER_CONFIG sets {name}, which librdkafka refuses with "
+            "INBOX_GROUP_PROTOCOL=consumer.",
+            hint=f"Remove it; its replacement is {replacement}.",
+            id="inbox.E005",
+        )
+        for name, replacement in CLASSIC_ONLY_CONFIG.items()
+        if name in settings.INBOX_CONSUMER_CONFIG
+    ]
 
 
 def topic_retention_warnings(

@@ -16,13 +16,27 @@ FIXED_CONSUMER_CONFIG: dict[str, Any] = {
 }
 
 
+GROUP_PROTOCOLS = ("classic", "consumer")
+# Client properties of the classic group protocol that librdkafka refuses under "consumer"
+# (KIP-848), each with what replaces it: the broker decides sessions, heartbeats and the
+# assignor's default.
+CLASSIC_ONLY_CONFIG = {
+    "partition.assignment.strategy": "group.remote.assignor (uniform or range)",
+    "session.timeout.ms": "the broker's group.consumer.session.timeout.ms",
+    "heartbeat.interval.ms": "the broker's group.consumer.heartbeat.interval.ms",
+    "group.protocol.type": "nothing",
+}
+
+
 def inbox_consumer_config(*, group: str, **overrides: Any) -> dict[str, Any]:
     """librdkafka configuration for a consumer of `group`; `overrides` are for tests and
-    tools (e.g. a different group.id), and cannot change FIXED_CONSUMER_CONFIG."""
+    tools (e.g. a different group.id), and cannot change FIXED_CONSUMER_CONFIG. The group
+    protocol is INBOX_GROUP_PROTOCOL: "classic", or "consumer" (KIP-848, Kafka 4)."""
     return {
         **kafka_connection_config(),
         "group.id": group,
         "client.id": f"inbox-{group}",
+        "group.protocol": settings.INBOX_GROUP_PROTOCOL,
         "auto.offset.reset": settings.INBOX_AUTO_OFFSET_RESET,
         "max.poll.interval.ms": settings.INBOX_MAX_POLL_INTERVAL_MS,
         **settings.INBOX_CONSUMER_CONFIG,

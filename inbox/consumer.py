@@ -78,7 +78,9 @@ class InboxConsumer:
         )
         self.config = inbox_consumer_config(group=group, **(config_overrides or {}))
         self.on_batch = on_batch
-        self._cooperative = "cooperative" in str(
+        # Incremental assignment: the cooperative assignors of the classic protocol, and every
+        # assignment of the consumer protocol (KIP-848), which librdkafka hands over in parts.
+        self._cooperative = self.config.get("group.protocol") == "consumer" or "cooperative" in str(
             self.config.get("partition.assignment.strategy", "")
         )
         self.running = False

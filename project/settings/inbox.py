@@ -21,6 +21,9 @@ INBOX_BATCH_MAX_SECONDS = env.float(
 # Extra librdkafka consumer properties, key=value,key=value. The inbox's guarantees
 # (manual commit, manual offset store, read_committed) cannot be overridden here.
 INBOX_CONSUMER_CONFIG: dict[str, str] = env.dict("INBOX_CONSUMER_CONFIG", default={})
+# The consumer group protocol: "classic", or "consumer" (KIP-848, Kafka 4: the broker assigns
+# partitions incrementally and decides sessions and heartbeats).
+INBOX_GROUP_PROTOCOL = env("INBOX_GROUP_PROTOCOL", default="classic")
 
 # A handler that raises is retried by beat from the stored payload, with exponential
 # backoff and jitter: base * 2**(attempts-1), at most INBOX_RETRY_MAX_SECONDS. After

@@ -69,3 +69,19 @@ def test_an_unknown_ordering_is_an_error():
     with override_settings(INBOX_ORDERING="key", INBOX_GROUP_ORDERING={"delivery": "fifo"}):
         messages = [m for m in check_inbox_settings() if m.id == "inbox.E003"]
         assert [m.msg for m in messages] == ["INBOX_GROUP_ORDERING['delivery'] is 'fifo'."]
+
+
+def test_the_group_protocol_is_checked_with_the_properties_it_refuses():
+    with override_settings(INBOX_GROUP_PROTOCOL="kip848"):
+        assert "inbox.E004" in warning_ids()
+    with override_settings(
+        INBOX_GROUP_PROTOCOL="classic", INBOX_CONSUMER_CONFIG={"session.timeout.ms": "10000"}
+    ):
+        assert not {"inbox.E004", "inbox.E005"} & set(warning_ids())
+    with override_settings(
+        INBOX_GROUP_PROTOCOL="consumer",
+        INBOX_CONSUMER_CONFIG={"session.timeout.ms": "10000", "fetch.min.bytes": "1"},
+    ):
+        [error] = [m for m in check_inbox_settings() if m.id == "inbox.E005"]
+        assert "session.timeout.ms" in error.msg
+        assert "group.consumer.session.timeout.ms" in (error.hint or "")

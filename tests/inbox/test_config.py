@@ -33,3 +33,9 @@ def test_connection_settings_come_from_the_shared_kafka_config():
 
 def test_overrides_set_the_group_id_for_tools():
     assert inbox_consumer_config(group="g", **{"group.id": "other"})["group.id"] == "other"
+
+
+def test_the_group_protocol_is_inbox_group_protocol():
+    assert inbox_consumer_config(group="g")["group.protocol"] == "classic"
+    with override_settings(INBOX_GROUP_PROTOCOL="consumer"):
+        assert inbox_consumer_config(group="g")["group.protocol"] == "consumer"

@@ -208,9 +208,12 @@ def test_a_failing_handler_leaves_a_failed_row_that_succeeds_on_retry(
     assert effect_counts(group) == {failing.event_id: 1, fine.event_id: 1}
 
 
-@pytest.mark.parametrize("strategy", ["range", "cooperative-sticky"])
+@pytest.mark.parametrize(
+    ("protocol", "strategy"),
+    [("classic", "range"), ("classic", "cooperative-sticky"), ("consumer", None)],
+)
 def test_exactly_once_mode_seeks_to_the_stored_offset_on_assignment(
-    kafka_topic, inbox_registry, effects, run_consumer, monkeypatch, strategy
+    kafka_topic, inbox_registry, effects, run_consumer, monkeypatch, protocol, strategy
 ):
     from inbox import consumer as consumer_module
 
@@ -231,12 +234,14 @@ def test_exactly_once_mode_seeks_to_the_stored_offset_on_assignment(
     monkeypatch.setattr(consumer_module, "parse_record", parse_record)
     results: list[BatchResult] = []
 
-    consumer = run_consumer(
-        group=group,
-        exactly_once=True,
-        on_batch=results.append,
-        config_overrides={"partition.assignment.strategy": strategy},
-    )
+    with override_settings(INBOX_GROUP_PROTOCOL=protocol):
+        consumer = run_consumer(
+            group=group,
+            exactly_once=True,
+            on_batch=results.append,
+            config_overrides={"partition.assignment.strategy": strategy} if strategy else {},
+        )
+    assert consumer.config["group.protocol"] == protocol
     consume_until(consumer, lambda: len(seen) == 3)
     consume_for(consumer, 1.0)
 
