@@ -37,7 +37,7 @@ HOLDING_SQL = (
 
 
 def group_ordering(group: str) -> str:
-    """ "key" or "none": INBOX_GROUP_ORDERING's entry for the group, else INBOX_ORDERING."""
+    """The group's ordering, key or none: its INBOX_GROUP_ORDERING entry, else INBOX_ORDERING."""
     ordering = settings.INBOX_GROUP_ORDERING.get(group, settings.INBOX_ORDERING)
     if ordering not in ORDERINGS:
         raise ImproperlyConfiguredInbox(

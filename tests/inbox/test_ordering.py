@@ -287,3 +287,18 @@ def test_a_message_parked_behind_a_head_that_a_run_is_finishing_runs_on_the_next
         # Committed, and the flush after a transactional test empties Django's tables only.
         with connection.cursor() as cursor:
             cursor.execute("DELETE FROM inbox_test_effect WHERE consumer_group = %s", [GROUP])
+
+
+@override_settings(INBOX_MAX_ATTEMPTS=1)
+def test_a_replayed_skipped_head_holds_its_key_again(applied):
+    a1, a2, a3 = (Event(aggregate_id="a") for _ in range(3))
+    applied["raise_for"] = {a1.event_id}
+    record_batch(records([a1, a2]))
+    inbox_sequence_skip_head(group=GROUP, topic="t", key="a")
+    inbox_messages_retry_due(limit=10)
+    applied["raise_for"] = set()
+    inbox_message_replay(message=row(a1))
+    record_batch(records([a3], start=2))
+    assert statuses(a1, a2, a3) == [PENDING, DONE, PARKED]
+    inbox_messages_retry_due(limit=10)
+    assert effect_order() == [a2.event_id, a1.event_id, a3.event_id]
