@@ -317,6 +317,11 @@ def _check_rebalance(run: Run) -> None:
         run.extra_problems.append("no joining consumer was ever seen in the group")
     if not run.extra["dynamic_consumers_applying"]:
         run.extra_problems.append("no joining consumer applied an event")
+    protocol = run.scenario.group_protocol
+    if run.extra.get("group_types") != [protocol]:
+        run.extra_problems.append(
+            f"the coordinator ran the group as {run.extra.get('group_types')}, not {protocol}"
+        )
 
 
 # 10 --------------------------------------------------------------------------------------
@@ -748,6 +753,17 @@ SCENARIOS: dict[str, Scenario] = {
             production_seconds=45,
             planned_faults=20,
             after=_check_rebalance,
+        ),
+        Scenario(
+            "rebalance-storm-kip848",
+            "Consumers joining and leaving every 2 s, consumer group protocol (KIP-848)",
+            True,
+            _standard,
+            _rebalance_storm,
+            production_seconds=45,
+            planned_faults=20,
+            after=_check_rebalance,
+            group_protocol="consumer",
         ),
         Scenario(
             "poison",

@@ -410,12 +410,20 @@ class Run:
         )
 
     def add_consumer(self, index: int, *, static: bool = True, **options: Any) -> Managed:
-        config = "session.timeout.ms=10000,heartbeat.interval.ms=1000"
+        protocol = self.scenario.group_protocol
+        # Under the consumer protocol (KIP-848) the broker decides sessions and heartbeats.
+        settings = ["session.timeout.ms=10000", "heartbeat.interval.ms=1000"]
+        if protocol == "consumer":
+            settings = []
         if static:
             # Static membership: a restarted consumer takes its slot back at once instead of
             # waiting out the session of the one that was killed.
-            config += f",group.instance.id={self.group}-{index}"
-        env = {"INBOX_CONSUMER_CONFIG": config, **options.pop("env", {})}
+            settings.append(f"group.instance.id={self.group}-{index}")
+        env = {
+            "INBOX_CONSUMER_CONFIG": ",".join(settings),
+            "INBOX_GROUP_PROTOCOL": protocol,
+            **options.pop("env", {}),
+        }
         argv = options.pop("argv", None) or [
             sys.executable,
             "manage.py",
@@ -493,17 +501,21 @@ class Run:
 
     def group_members(self) -> list[str] | None:
         """The consumer group's members as the coordinator has them: the group.instance.id of
-        a static member, `dynamic` for the others; None when the coordinator cannot say."""
+        a static member, `dynamic` for the others; None when the coordinator cannot say. The
+        group's protocol as the coordinator runs it goes to extra["group_types"]."""
         # The client must outlive the request: a future of a client already collected never
         # completes.
         client = faults.admin()
         try:
-            description = client.describe_consumer_groups([self.group])[self.group]
-            members = description.result(15).members
+            description = client.describe_consumer_groups([self.group])[self.group].result(15)
         except Exception as error:  # a coordinator moving or loading: no answer this time
             logger.debug("cannot describe group %s: %s", self.group, error)
             return None
-        return sorted(member.group_instance_id or "dynamic" for member in members)
+        types = self.extra.setdefault("group_types", [])
+        kind = description.type.name.lower()
+        if kind not in types:
+            types.append(kind)
+        return sorted(member.group_instance_id or "dynamic" for member in description.members)
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
@@ -909,6 +921,8 @@ class Scenario:
     stall_seconds: float = 150.0
     # The events' keys, when the scenario is about them (0: the runner's --keys).
     keys: int = 0
+    # The consumers' group protocol (INBOX_GROUP_PROTOCOL): classic, or consumer (KIP-848).
+    group_protocol: str = "classic"
 
     def full_events(self) -> int:
         return 20_000 if self.heavy else 100_000

@@ -12,7 +12,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from inbox.errors import InvalidTransition
-from inbox.models import InboxMessage
+from inbox.models import ConsumerOffset, InboxMessage
 from inbox.records import parse_record
 from inbox.services.repairs import inbox_message_discard, inbox_message_replay
 from inbox.services.retries import inbox_messages_retry, inbox_messages_retry_due
@@ -302,3 +302,52 @@ def test_a_replayed_skipped_head_holds_its_key_again(applied):
     assert statuses(a1, a2, a3) == [PENDING, DONE, PARKED]
     inbox_messages_retry_due(limit=10)
     assert effect_order() == [a2.event_id, a1.event_id, a3.event_id]
+
+
+def test_an_exactly_once_group_stores_the_offsets_of_parked_messages(applied):
+    a1, a2, b1 = Event(aggregate_id="a"), Event(aggregate_id="a"), Event(aggregate_id="b")
+    applied["raise_for"] = {a1.event_id}
+    record_batch(records([a1, a2, b1]), exactly_once=True, deduplicate=False)
+    assert statuses(a1, a2, b1) == [PENDING, PARKED, DONE]
+    assert ConsumerOffset.objects.get(consumer_group=GROUP).next_offset == 3
+    # Delivered again below the stored offset: skipped, nothing runs or parks again.
+    again = record_batch(records([a1, a2, b1]), exactly_once=True, deduplicate=False)
+    assert (again.skipped, again.processed, again.parked) == (3, 0, 0)
+    applied["raise_for"] = set()
+    make_due(a1)
+    inbox_messages_retry_due(limit=10)
+    assert effect_order() == [b1.event_id, a1.event_id, a2.event_id]
+
+
+def test_a_parked_handler_s_publication_commits_with_its_run(inbox_registry, effects):
+    """Chaining: a parked message's handler publishes through the outbox when its sequence
+    runs; the event commits with the row's DONE state, and a failed run publishes nothing."""
+    import outbox
+    from inbox import handler
+    from outbox.models import OutboxEvent
+
+    failing = {"first"}
+
+    @handler(event_type="OrderPlaced", topic="t", group=GROUP)
+    def chain(message):
+        outbox.publish(
+            aggregate_type="delivery",
+            aggregate_id=message.aggregate_id,
+            event_type="DeliveryStarted",
+            payload={"after": message.event_id},
+        )
+        if message.payload.get("name") in failing:
+            raise ValueError("not yet")
+
+    first = Event(aggregate_id="a", payload={"name": "first"})
+    second = Event(aggregate_id="a", payload={"name": "second"})
+    record_batch(records([first, second]))
+    assert statuses(first, second) == [PENDING, PARKED]
+    assert not OutboxEvent.objects.exists()  # the failed handler's publication rolled back
+    failing.clear()
+    make_due(first)
+    inbox_messages_retry_due(limit=10)
+    published = list(
+        OutboxEvent.objects.order_by("transaction_id", "position").values_list("payload", flat=True)
+    )
+    assert published == [{"after": first.event_id}, {"after": second.event_id}]

@@ -153,6 +153,20 @@ def test_rebalance_storm(scenario_run):
     # Joining consumers were members of the group and applied events.
     assert extra["most_dynamic_members"] >= 1, extra["group_members"]
     assert extra["dynamic_consumers_applying"], extra["effects_by_process"]
+    assert extra["group_types"] == ["classic"], extra
+    _faults_struck_while_events_flowed(result)
+
+
+def test_consumers_joining_and_leaving_under_the_consumer_group_protocol(scenario_run):
+    # The same storm with INBOX_GROUP_PROTOCOL=consumer (KIP-848): the broker assigns
+    # partitions, incrementally, and the coordinator reports the group as a consumer group.
+    code, output, result = scenario_run("rebalance-storm-kip848")
+    assert code == 0, output
+    _passes(result, output)
+    extra = result["extra"]
+    assert extra["group_types"] == ["consumer"], extra
+    assert extra["most_dynamic_members"] >= 1, extra["group_members"]
+    assert extra["dynamic_consumers_applying"], extra["effects_by_process"]
     _faults_struck_while_events_flowed(result)
 
 
