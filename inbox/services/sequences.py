@@ -89,15 +89,18 @@ def held_sequences(group: str, sequences: Iterable[tuple[str, str]]) -> set[tupl
         return set()
     with connection.cursor() as cursor:
         cursor.execute(
-            # One probe of the holding index per key, however many rows it holds.
+            # One probe of the holding index per key, however many rows it holds: LIMIT
+            # keeps it a probe whatever the statistics (a semi-join would scan the group's
+            # holding rows, thousands when many keys are held, for every batch).
             f"""
-            SELECT DISTINCT s.topic, s.key
+            SELECT s.topic, s.key
             FROM unnest(%s::text[], %s::text[]) AS s(topic, key)
-            WHERE EXISTS (
+            JOIN LATERAL (
                 SELECT 1 FROM inbox_message AS m
                 WHERE m.consumer_group = %s AND m.topic = s.topic AND m.key = s.key
                   AND {HOLDING_SQL}
-            )
+                LIMIT 1
+            ) AS holding ON true
             """,  # noqa: S608 (HOLDING_SQL is a constant)
             [[topic for topic, _ in wanted], [key for _, key in wanted], group],
         )
