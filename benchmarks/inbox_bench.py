@@ -171,7 +171,10 @@ def ordering_rates(*, events: int, partitions: int, size: int, batch_size: int) 
             f"order per key: {events} events on 1,000 keys, {partitions} partitions; a new "
             "group per run"
         )
-        print(f"  {'run':<36}{'seconds':>9}{'events/s':>10}{'parked':>8}{'failed':>8}")
+        print(
+            f"  {'run':<36}{'seconds':>9}{'events/s':>10}{'parked':>8}{'failed':>8}"
+            f"{'CPU ms/1000':>13}"
+        )
         rates: dict[tuple[str, bool], float] = {}
         for failures in (False, True):
             for ordering in ("none", "key"):
@@ -184,6 +187,7 @@ def ordering_rates(*, events: int, partitions: int, size: int, batch_size: int) 
                 handle = failing_first_attempts(one_in_a_hundred) if failures else noop
                 with scoped_registry(registry):
                     register_handler(event_type=EVENT_TYPE, topic=topic, group=group)(handle)
+                cpu_started = time.process_time()
                 seconds, result = run_inbox_consumer(
                     group=group,
                     topic=topic,
@@ -191,11 +195,13 @@ def ordering_rates(*, events: int, partitions: int, size: int, batch_size: int) 
                     events=events,
                     batch_size=batch_size,
                 )
+                cpu_ms = 1000 * (time.process_time() - cpu_started) / events * 1000
                 rate = events / seconds
                 rates[(ordering, failures)] = rate
                 name = f"{ordering}, {'1 % first attempts fail' if failures else 'no failures'}"
                 print(
                     f"  {name:<36}{seconds:>9.2f}{rate:>10.0f}{result.parked:>8}{result.failed:>8}"
+                    f"{cpu_ms:>13.0f}"
                 )
         plain = rates[("key", False)] / rates[("none", False)]
         failing = rates[("key", True)] / rates[("none", True)]
