@@ -21,7 +21,7 @@ from outbox.models import OutboxDelivery, OutboxEvent
 from outbox.selectors import outbox_events_with_delivery
 from scenarios import faults
 from scenarios.conf import FAILURE_PERCENT_VARIABLE
-from scenarios.runner import PARTITIONS, Managed, Run, Scenario
+from scenarios.runner import PARTITIONS, SESSION_NAME_PREFIX, Managed, Run, Scenario
 
 # Wait after a broker restart, so every round starts from a healthy cluster.
 HEALTHY_WAIT_SECONDS = 120.0
@@ -632,7 +632,58 @@ def _broken_log_relay(run: Run) -> None:
         run.add_consumer(index)
 
 
-# 16: order per key through handler failures ------------------------------------------------
+# 16: database sessions terminated ---------------------------------------------------------
+
+SESSION_KILLS = 15
+
+
+def _terminate_relay_and_consumer_sessions() -> list[str]:
+    """pg_terminate_backend of every database session of the relays and the consumers (their
+    application_name, set by the runner); returns the names of the sessions it ended."""
+    with connection.cursor() as cursor:
+        # The sessions are chosen first (MATERIALIZED): in one WHERE, PostgreSQL may call
+        # pg_terminate_backend before it tests the name, on sessions that are not theirs.
+        cursor.execute(
+            """
+            WITH chosen AS MATERIALIZED (
+                SELECT pid, application_name FROM pg_stat_activity
+                WHERE datname = current_database() AND pid <> pg_backend_pid()
+                  AND (application_name LIKE %s OR application_name LIKE %s)
+            )
+            SELECT application_name FROM chosen WHERE pg_terminate_backend(pid)
+            """,
+            [f"{SESSION_NAME_PREFIX}relay-%", f"{SESSION_NAME_PREFIX}consumer-%"],
+        )
+        return sorted(name for (name,) in cursor.fetchall())
+
+
+def _session_kills(run: Run) -> None:
+    rounds: list[list[str]] = []
+    run.extra["sessions_terminated"] = rounds
+    for number in range(SESSION_KILLS):
+        run.sleep(3)
+        killed = run.fault(
+            f"terminate the relay's and consumers' database sessions ({number + 1})",
+            _terminate_relay_and_consumer_sessions,
+        )
+        killed.detail = ", ".join(killed.result) or "no session"
+        rounds.append(killed.result)
+
+
+def _check_session_kills(run: Run) -> None:
+    """The fault happened: every round ended at least one session, and both the relay's and
+    the consumers' sessions were ended during the run."""
+    rounds = run.extra.get("sessions_terminated", [])
+    empty = sum(1 for ended in rounds if not ended)
+    if empty:
+        run.extra_problems.append(f"{empty} of {len(rounds)} rounds ended no session")
+    names = {name for ended in rounds for name in ended}
+    for process in ("relay-", "consumer-"):
+        if not any(name.startswith(f"{SESSION_NAME_PREFIX}{process}") for name in names):
+            run.extra_problems.append(f"no session of a {process}* process was ended")
+
+
+# 17: order per key through handler failures ------------------------------------------------
 
 FIRST_ATTEMPT_FAILURE_PERCENT = 5
 
@@ -822,6 +873,16 @@ SCENARIOS: dict[str, Scenario] = {
             production_seconds=45,
             planned_faults=8,
             after=_check_takeovers,
+        ),
+        Scenario(
+            "db-session-kill",
+            "The relay's and consumers' database sessions terminated every 3 s, 15 times",
+            True,
+            _standard,
+            _session_kills,
+            production_seconds=50,
+            planned_faults=SESSION_KILLS,
+            after=_check_session_kills,
         ),
         Scenario(
             "handler-failures",

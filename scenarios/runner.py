@@ -43,6 +43,9 @@ from scenarios.models import ScenarioEffect
 logger = logging.getLogger(__name__)
 
 PARTITIONS = 6
+# The application_name of the database sessions of a process the runner starts, before its
+# name (relay-1, consumer-2, ...).
+SESSION_NAME_PREFIX = "scenario-"
 # Events are written on this many keys (k0, k1, ...) unless a run says otherwise.
 DEFAULT_KEYS = 1000
 EVENTS_PER_TRANSACTION = 100
@@ -387,7 +390,9 @@ class Run:
         return env
 
     def add(self, name: str, argv: list[str], **options: Any) -> Managed:
-        env_extra = options.pop("env", {})
+        # libpq's application_name: the process's database sessions carry its name
+        # (pg_stat_activity), so that a fault can aim at them.
+        env_extra = {"PGAPPNAME": f"{SESSION_NAME_PREFIX}{name}", **options.pop("env", {})}
         managed = Managed(name, argv, self.environment(**env_extra), self.log_dir, **options)
         with self._lock:
             self.processes[name] = managed

@@ -57,6 +57,21 @@ def test_consumers_killed_every_3_seconds(scenario_run):
     _faults_struck_while_events_flowed(result)
 
 
+def test_database_sessions_terminated_every_3_seconds(scenario_run):
+    # pg_terminate_backend of the relay's and the consumers' sessions, found by the
+    # application_name the runner gives each process: every round ended some.
+    code, output, result = scenario_run("db-session-kill")
+    assert code == 0, output
+    _passes(result, output)
+    rounds = result["extra"]["sessions_terminated"]
+    assert len(rounds) == 15
+    assert all(rounds), rounds
+    ended = {name for names in rounds for name in names}
+    assert any(name.startswith("scenario-relay-") for name in ended), ended
+    assert any(name.startswith("scenario-consumer-") for name in ended), ended
+    _faults_struck_while_events_flowed(result)
+
+
 def test_handler_failures_keep_the_order_of_each_key(scenario_run):
     # Ordering "key": a failed first attempt holds its key; the events behind it are parked
     # and run after it by the retry task (Celery beat and a worker), while consumers die.
