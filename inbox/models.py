@@ -3,6 +3,13 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+# The rows that hold their key in a group with order per key (inbox.services.sequences): not
+# done, not discarded, not released, with a key. The condition of inbox_message_holding_idx,
+# which serves every query on them; sequences.HOLDING_SQL says the same in SQL.
+HOLDING = ~Q(status="DONE") & Q(
+    discarded_at__isnull=True, released_at__isnull=True, key__isnull=False
+)
+
 
 class InboxMessagePermission(models.TextChoices):
     """Every permission on inbox messages, declared once; code names them by member
@@ -100,8 +107,7 @@ class InboxMessage(models.Model):
             models.Index(
                 fields=("consumer_group", "topic", "key", "partition", "offset"),
                 name="inbox_message_holding_idx",
-                condition=~Q(status="DONE")
-                & Q(discarded_at__isnull=True, released_at__isnull=True, key__isnull=False),
+                condition=HOLDING,
             ),
         )
 

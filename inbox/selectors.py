@@ -8,7 +8,7 @@ from django.db.models import Count, Q, TextField, Value
 from django.db.models.functions import Concat
 from django.utils import timezone
 
-from inbox.models import ConsumerOffset, InboxMessage
+from inbox.models import HOLDING, ConsumerOffset, InboxMessage
 
 
 def inbox_message_ids_due_for_retry(*, limit: int) -> list[int]:
@@ -59,14 +59,22 @@ class HeldKey:
     head: InboxMessage
 
 
-def inbox_held_keys(*, consumer_group: str | None = None, limit: int = 100) -> list[HeldKey]:
-    """The held keys of the groups with ordering "key", the longest held first (by the head's
-    receipt), read from the index of the rows that hold their key."""
-    from inbox.services.sequences import HOLDING, ordered_groups_q
+def inbox_held_keys(
+    *,
+    consumer_group: str | None = None,
+    topic: str | None = None,
+    key: str | None = None,
+    limit: int = 100,
+) -> list[HeldKey]:
+    """The held keys of the groups with ordering "key" (of one group, topic or key when they
+    are given), the longest held first (by the head's receipt), read from the index of the
+    rows that hold their key."""
+    from inbox.services.sequences import ordered_groups_q
 
     rows = InboxMessage.objects.filter(HOLDING & ordered_groups_q())
-    if consumer_group is not None:
-        rows = rows.filter(consumer_group=consumer_group)
+    for name, value in (("consumer_group", consumer_group), ("topic", topic), ("key", key)):
+        if value is not None:
+            rows = rows.filter(**{name: value})
     keys = list(
         rows.values("consumer_group", "topic", "key")
         .annotate(
@@ -93,7 +101,7 @@ def inbox_held_keys(*, consumer_group: str | None = None, limit: int = 100) -> l
 def inbox_held_key_counts() -> dict[str, tuple[int, int]]:
     """Per group with ordering "key": how many keys are held, and how many messages are parked
     behind them."""
-    from inbox.services.sequences import HOLDING, ordered_groups_q
+    from inbox.services.sequences import ordered_groups_q
 
     rows = (
         InboxMessage.objects.filter(HOLDING & ordered_groups_q())

@@ -417,15 +417,17 @@ class Run:
     def add_consumer(self, index: int, *, static: bool = True, **options: Any) -> Managed:
         protocol = self.scenario.group_protocol
         # Under the consumer protocol (KIP-848) the broker decides sessions and heartbeats.
-        settings = ["session.timeout.ms=10000", "heartbeat.interval.ms=1000"]
-        if protocol == "consumer":
-            settings = []
+        properties = (
+            []
+            if protocol == "consumer"
+            else ["session.timeout.ms=10000", "heartbeat.interval.ms=1000"]
+        )
         if static:
             # Static membership: a restarted consumer takes its slot back at once instead of
             # waiting out the session of the one that was killed.
-            settings.append(f"group.instance.id={self.group}-{index}")
+            properties.append(f"group.instance.id={self.group}-{index}")
         env = {
-            "INBOX_CONSUMER_CONFIG": ",".join(settings),
+            "INBOX_CONSUMER_CONFIG": ",".join(properties),
             "INBOX_GROUP_PROTOCOL": protocol,
             **options.pop("env", {}),
         }

@@ -218,11 +218,7 @@ class InboxMessageAdmin(DeliveryAdmin):
                     messages.SUCCESS,
                 )
             return HttpResponseRedirect(held_keys_url)
-        held = [
-            held
-            for held in inbox_held_keys(consumer_group=group, limit=10_000)
-            if (held.topic, held.key) == (topic, key)
-        ]
+        held = inbox_held_keys(consumer_group=group, topic=topic, key=key, limit=1)
         context = {
             **self.admin_site.each_context(request),
             "title": Action(action_name).label,

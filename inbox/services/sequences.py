@@ -15,7 +15,7 @@ from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from inbox.errors import ImproperlyConfiguredInbox, InvalidTransition
-from inbox.models import InboxMessage
+from inbox.models import HOLDING, InboxMessage
 from inbox.registry import HandlerRegistry, get_registry
 
 ORDERINGS = ("key", "none")
@@ -25,12 +25,7 @@ PARKED = InboxMessage.Status.PARKED.value
 FAILED = InboxMessage.Status.FAILED.value
 DONE = InboxMessage.Status.DONE.value
 
-# The rows that hold their key: not done, not discarded, not released, with a key. Kept in
-# step with the condition of the index inbox_message_holding_idx, which serves every query
-# on them.
-HOLDING = ~Q(status=DONE) & Q(
-    discarded_at__isnull=True, released_at__isnull=True, key__isnull=False
-)
+# inbox.models.HOLDING in SQL, for the held-key probe.
 HOLDING_SQL = (
     "status <> 'DONE' AND discarded_at IS NULL AND released_at IS NULL AND key IS NOT NULL"
 )
