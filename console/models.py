@@ -1,6 +1,74 @@
+from collections.abc import Iterable
+
+from axes.models import AccessAttempt
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
+from knox.models import AbstractAuthToken
+
+from analytics.models import AnalyticsRunPermission
+from inbox.models import InboxMessagePermission
+from outbox.models import OutboxEventPermission
+
+
+class SecurityPermission(models.TextChoices):
+    """The permissions of the console's security pages, declared once."""
+
+    UNLOCK_LOGIN = "console.unlock_login", "Can unlock a locked-out login"
+
+
+# What an API token's scope may grant besides reading: the console's operator actions.
+ACTION_PERMISSIONS = tuple(
+    permission.value
+    for choices in (OutboxEventPermission, InboxMessagePermission, AnalyticsRunPermission)
+    for permission in choices
+)
+
+
+class ApiToken(AbstractAuthToken):
+    """An API token (django-rest-knox's model, with a name and a scope): only the SHA-512 digest
+    of the token and its first characters are stored; the token itself is shown once, when it
+    is created. Its request is allowed what both its user's permissions and its scope allow:
+    reading wherever the user may read, and of the operator actions only those in `actions`
+    (empty: read-only; ALL_ACTIONS: every action the user may perform)."""
+
+    ALL_ACTIONS = "*"
+
+    name = models.CharField(max_length=100)
+    actions = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        db_table = "console_api_token"
+        verbose_name = "API token"
+        ordering = ("-created",)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.token_key}...)"
+
+    def allows(self, permissions: Iterable[str]) -> bool:
+        """Whether the scope covers `permissions` (the user's own are checked apart)."""
+        if self.ALL_ACTIONS in self.actions:
+            return True
+        return all(
+            permission not in ACTION_PERMISSIONS or permission in self.actions
+            for permission in permissions
+        )
+
+
+class LoginLockout(AccessAttempt):
+    """Failed logins counted per user name or client address (django-axes' AccessAttempt): the
+    console lists them and unlocks a locked-out one with its own permission."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "login lock-out"
+        default_permissions = ("view",)
+        permissions = (
+            (
+                SecurityPermission.UNLOCK_LOGIN.value.partition(".")[2],
+                SecurityPermission.UNLOCK_LOGIN.label,
+            ),
+        )
 
 
 class OperatorAction(models.Model):
@@ -22,6 +90,9 @@ class OperatorAction(models.Model):
         INBOX_SKIP_HEAD = "inbox.skip_head", "Skip the head of a held key"
         INBOX_KEY_RELEASE = "inbox.release_key", "Release a held key"
         ANALYTICS_RUN = "analytics.run", "Start an analytics run"
+        LOGIN_UNLOCK = "security.unlock_login", "Unlock a locked-out login"
+        TOKEN_CREATE = "security.create_token", "Create an API token"
+        TOKEN_REVOKE = "security.revoke_token", "Revoke an API token"
 
     class Source(models.TextChoices):
         ADMIN = "admin", "Admin"

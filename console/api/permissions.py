@@ -4,6 +4,8 @@ from django.contrib.auth import get_permission_codename
 from django.db.models import Model
 from rest_framework.permissions import BasePermission
 
+from console.models import ApiToken
+
 if TYPE_CHECKING:  # rest_framework.views imports this module through its settings
     from rest_framework.request import Request
     from rest_framework.views import APIView
@@ -16,7 +18,8 @@ def view_permission(model: type[Model]) -> str:
 
 
 class ConsolePermission(BasePermission):
-    """An authenticated user, with the permissions the view names for the current action.
+    """An authenticated user, with the permissions the view names for the current action; a
+    request with an API token needs them in the token's scope too (ApiToken.allows).
 
     A view declares `required_permissions = {"list": [...], "retry": [...], ...}` (keyed by
     ViewSet action, or "*" for any); the admin requires exactly the same permissions.
@@ -29,6 +32,8 @@ class ConsolePermission(BasePermission):
         required: dict[str, list[str]] = getattr(view, "required_permissions", {})
         action = getattr(view, "action", None) or request.method or ""
         needed = required.get(action, required.get("*", []))
+        if isinstance(request.auth, ApiToken) and not request.auth.allows(needed):
+            return False
         return bool(user.has_perms(needed))
 
     def has_object_permission(self, request: "Request", view: "APIView", obj: Any) -> bool:

@@ -5,7 +5,8 @@ from project.settings.environment import env
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": (
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.TokenAuthentication",
+        # `Authorization: Token <token>`: tokens hashed at rest (console.models.ApiToken).
+        "knox.auth.TokenAuthentication",
     ),
     # Every endpoint needs a user; reads need the model's view permission, actions their own.
     "DEFAULT_PERMISSION_CLASSES": ("console.api.permissions.ConsolePermission",),

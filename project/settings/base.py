@@ -10,6 +10,7 @@ from project.settings.inbox import *  # noqa: F403
 from project.settings.kafka import *  # noqa: F403
 from project.settings.outbox import *  # noqa: F403
 from project.settings.schedule import *  # noqa: F403
+from project.settings.security import *  # noqa: F403
 from project.settings.spark import *  # noqa: F403
 
 # Only for development: production.py requires a real SECRET_KEY from the environment.
@@ -32,7 +33,9 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_celery_beat",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",
+    "axes",
+    "csp",
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -47,6 +50,8 @@ if DEMO_ENABLED:  # noqa: F405
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Content-Security-Policy on every response, with a nonce per response for inline scripts.
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -59,6 +64,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # A request's W3C traceparent travels with the events it publishes.
     "outbox.tracing.TraceContextMiddleware",
+    # Refuses a locked-out login with the lock-out page (django-axes); it must come last.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "project.urls"
@@ -75,6 +82,8 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                # {{ CSP_NONCE }} for the console's own inline scripts.
+                "csp.context_processors.nonce",
             ],
         },
     },
