@@ -1,6 +1,6 @@
 from collections.abc import Iterable
 
-from axes.models import AccessAttempt
+from axes.models import AccessAttempt, AccessFailureLog, AccessLog
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
@@ -28,9 +28,11 @@ ACTION_PERMISSIONS = tuple(
 class ApiToken(AbstractAuthToken):
     """An API token (django-rest-knox's model, with a name and a scope): only the SHA-512 digest
     of the token and its first characters are stored; the token itself is shown once, when it
-    is created. Its request is allowed what both its user's permissions and its scope allow:
-    reading wherever the user may read, and of the operator actions only those in `actions`
-    (empty: read-only; ALL_ACTIONS: every action the user may perform)."""
+    is created (console.tokens). Its request is allowed what both its user's permissions and
+    its scope allow: reading wherever the user may read, and of the operator actions
+    (ACTION_PERMISSIONS) only those in `actions` (empty: read-only; ALL_ACTIONS: every one the
+    user may perform). Any other permission (managing tokens, unlocking logins) is never a
+    token's: such pages are for an operator's session."""
 
     ALL_ACTIONS = "*"
 
@@ -47,12 +49,14 @@ class ApiToken(AbstractAuthToken):
 
     def allows(self, permissions: Iterable[str]) -> bool:
         """Whether the scope covers `permissions` (the user's own are checked apart)."""
-        if self.ALL_ACTIONS in self.actions:
+        return all(self._allows(str(permission)) for permission in permissions)
+
+    def _allows(self, permission: str) -> bool:
+        if permission.partition(".")[2].startswith("view_"):
             return True
-        return all(
-            permission not in ACTION_PERMISSIONS or permission in self.actions
-            for permission in permissions
-        )
+        if permission not in ACTION_PERMISSIONS:
+            return False
+        return self.ALL_ACTIONS in self.actions or permission in self.actions
 
 
 class LoginLockout(AccessAttempt):
@@ -69,6 +73,27 @@ class LoginLockout(AccessAttempt):
                 SecurityPermission.UNLOCK_LOGIN.label,
             ),
         )
+
+    def __str__(self) -> str:
+        return f"{self.username or '-'} from {self.ip_address or '-'}"
+
+
+class FailedLogin(AccessFailureLog):
+    """Every failed login (django-axes' AccessFailureLog), under the console's name."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "failed login"
+        default_permissions = ("view",)
+
+
+class Login(AccessLog):
+    """Every login and logout (django-axes' AccessLog), under the console's name."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "login"
+        default_permissions = ("view",)
 
 
 class OperatorAction(models.Model):

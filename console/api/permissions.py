@@ -22,16 +22,22 @@ class ConsolePermission(BasePermission):
     request with an API token needs them in the token's scope too (ApiToken.allows).
 
     A view declares `required_permissions = {"list": [...], "retry": [...], ...}` (keyed by
-    ViewSet action, or "*" for any); the admin requires exactly the same permissions.
+    ViewSet action, or "*" for any); the admin requires exactly the same permissions. An
+    action with no entry is refused.
     """
 
     def has_permission(self, request: "Request", view: "APIView") -> bool:
         user = request.user
         if not (user and user.is_authenticated):
             return False
+        if not hasattr(view, (request.method or "").lower()):
+            return True  # no handler: DRF answers 405 Method Not Allowed next
         required: dict[str, list[str]] = getattr(view, "required_permissions", {})
         action = getattr(view, "action", None) or request.method or ""
-        needed = required.get(action, required.get("*", []))
+        needed = required.get(action, required.get("*"))
+        if needed is None:
+            # An action the view names no permissions for is refused, not open to everyone.
+            return False
         if isinstance(request.auth, ApiToken) and not request.auth.allows(needed):
             return False
         return bool(user.has_perms(needed))

@@ -3,7 +3,7 @@ console_api_token as SHA-512 digests (the tokens keep working until they expire,
 from now), then empties the plain-text table."""
 
 from django.conf import settings
-from django.db import migrations
+from django.db import migrations, transaction
 from django.utils import timezone
 from knox.crypto import hash_token
 from knox.settings import CONSTANTS
@@ -16,12 +16,17 @@ def hash_plain_api_tokens(apps, schema_editor):
     if PLAIN_TOKEN_TABLE not in connection.introspection.table_names():
         return
     api_token = apps.get_model("console", "ApiToken")
+    # The plain manager: the model's own (knox's) would make a new token instead.
+    tokens = api_token._base_manager
     expiry = timezone.now() + settings.REST_KNOX["TOKEN_TTL"]
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT key, user_id, created FROM authtoken_token FOR UPDATE")
+    with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+        # A server of the previous version may still write tokens: none is added between the
+        # read and the DELETE, so every token deleted was moved.
+        cursor.execute("LOCK TABLE authtoken_token IN SHARE ROW EXCLUSIVE MODE")
+        cursor.execute("SELECT key, user_id, created FROM authtoken_token")
         plain_tokens = cursor.fetchall()
         for key, user_id, created in plain_tokens:
-            token = api_token.objects.create(
+            token = tokens.create(
                 digest=hash_token(key),
                 token_key=key[: CONSTANTS.TOKEN_KEY_LENGTH],
                 user_id=user_id,
@@ -30,7 +35,7 @@ def hash_plain_api_tokens(apps, schema_editor):
                 actions=["*"],
             )
             # auto_now_add set the time of the move; the token is as old as it was.
-            api_token.objects.filter(pk=token.pk).update(created=created)
+            tokens.filter(pk=token.pk).update(created=created)
         cursor.execute("DELETE FROM authtoken_token")
     if plain_tokens:
         print(

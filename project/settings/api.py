@@ -4,9 +4,10 @@ from project.settings.environment import env
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": (
-        "rest_framework.authentication.SessionAuthentication",
         # `Authorization: Token <token>`: tokens hashed at rest (console.models.ApiToken).
+        # First, so that a request without valid credentials gets 401 with WWW-Authenticate.
         "knox.auth.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
     ),
     # Every endpoint needs a user; reads need the model's view permission, actions their own.
     "DEFAULT_PERMISSION_CLASSES": ("console.api.permissions.ConsolePermission",),

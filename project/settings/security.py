@@ -17,8 +17,10 @@ AUTHENTICATION_BACKENDS = [
 AXES_FAILURE_LIMIT = env.int("LOGIN_FAILURE_LIMIT", default=5)
 AXES_COOLOFF_TIME = timedelta(minutes=env.float("LOGIN_COOLOFF_MINUTES", default=15))
 AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
-# A failure during a lock-out does not extend it; a success does not clear earlier failures
-# (an attacker who knows one password cannot reset an address's count with it).
+# A failure during a lock-out does not extend it (else anyone could keep an operator locked
+# out by trying every few minutes); a success does not clear earlier failures (an attacker who
+# knows one password cannot reset an address's count with it).
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_RESET_ON_SUCCESS = False
 # Every failed attempt is kept (not only the count per user and address), for the console.
 AXES_ENABLE_ACCESS_FAILURE_LOG = True
@@ -29,6 +31,9 @@ AXES_LOCKOUT_TEMPLATE = "admin/console/login_locked_out.html"
 # How many reverse proxies in front of the console append to X-Forwarded-For. 0: the
 # client's address is the connection's (REMOTE_ADDR); a forged header is ignored.
 LOGIN_TRUSTED_PROXY_COUNT = env.int("LOGIN_TRUSTED_PROXY_COUNT", default=0)
+
+# A console session lasts a working shift, then its operator logs in again (OWASP ASVS 3.3.2).
+SESSION_COOKIE_AGE = env.int("SESSION_COOKIE_AGE", default=8 * 60 * 60)
 
 # API tokens: SHA-512 digests at rest (knox), each with a name, an expiry and a scope.
 KNOX_TOKEN_MODEL = "console.ApiToken"  # noqa: S105 (a model name)
@@ -44,15 +49,22 @@ REST_KNOX = {
 
 # No inline script runs unless it carries the response's nonce. Unfold's admin is built on the
 # standard Alpine.js, which evaluates its attribute expressions with Function(): without
-# 'unsafe-eval' its menus, filters and tabs stop working. Inline style attributes are allowed
-# for the same reason (Unfold's and Django's admin templates use them); they run no code.
+# 'unsafe-eval' its menus, filters and tabs stop working. Inline styles are allowed: Unfold's
+# layout writes its theme colours in a <style> element, htmx adds one, and Unfold's templates
+# and the console's admin columns use style attributes; styles run no code. Images and fonts
+# come from the console only (the API's Swagger UI page adds data: images for its icons:
+# console/api/urls.py).
+# django-celery-beat's periodic task form has one inline script of its own, allowed by its hash
+# (of the script as django-celery-beat 2.9.0 renders it in English; another version's script
+# is refused, and the form still saves without it: it only explains the crontab chosen).
+PERIODIC_TASK_FORM_SCRIPT = "'sha256-QE3U2xYF7B4J2ro1/9oxiKhaWCGW39gB7ocQ/xlD0bE='"
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
         "default-src": [SELF],
-        "script-src": [SELF, NONCE, "'unsafe-eval'"],
+        "script-src": [SELF, NONCE, "'unsafe-eval'", PERIODIC_TASK_FORM_SCRIPT],
         "style-src": [SELF, "'unsafe-inline'"],
-        "img-src": [SELF, "data:"],
-        "font-src": [SELF, "data:"],
+        "img-src": [SELF],
+        "font-src": [SELF],
         "connect-src": [SELF],
         "object-src": [NONE],
         "base-uri": [SELF],
