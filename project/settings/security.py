@@ -32,6 +32,10 @@ AXES_LOCKOUT_TEMPLATE = "admin/console/login_locked_out.html"
 # client's address is the connection's (REMOTE_ADDR); a forged header is ignored.
 LOGIN_TRUSTED_PROXY_COUNT = env.int("LOGIN_TRUSTED_PROXY_COUNT", default=0)
 
+# Where a login goes when its `next` is missing or off-site (Django checks it against the
+# host): the console, not Django's default /accounts/profile/.
+LOGIN_REDIRECT_URL = "admin:index"
+
 # A console session lasts a working shift, then its operator logs in again (OWASP ASVS 3.3.2).
 SESSION_COOKIE_AGE = env.int("SESSION_COOKIE_AGE", default=8 * 60 * 60)
 

@@ -3,8 +3,6 @@ installs them): a real relay fails to send events until their attempts are spent
 open the dashboard, filter the FAILED outbox events, retry them, run the relay and see them
 published. Saves a screenshot of the dashboard in artifacts/."""
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -17,46 +15,11 @@ from outbox.models import OutboxEvent, OutboxHeldEvent
 from outbox.producer import close_producers
 from outbox.selectors import outbox_events_with_delivery
 from tests.conftest import publish_numbered
+from tests.e2e.conftest import needs_browser
 
-CHROMEDRIVER = "/usr/bin/chromedriver"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(settings.BASE_DIR) / "artifacts"
 
-pytestmark = [
-    pytest.mark.kafka,
-    # Skipped only outside `make test`, which installs the browser and sets the variable.
-    pytest.mark.skipif(
-        not Path(CHROMEDRIVER).exists() and not os.environ.get("E2E_BROWSER_REQUIRED"),
-        reason="needs Debian's chromium and chromium-driver: make browser-deps",
-    ),
-]
-
-
-@pytest.fixture
-def browser(tmp_path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-        "--window-size=1440,1800",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.implicitly_wait(10)
-    yield driver
-    driver.quit()
+pytestmark = [pytest.mark.kafka, needs_browser]
 
 
 def _failed_events(relay, topic: str, count: int) -> list[OutboxEvent]:
