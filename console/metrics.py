@@ -83,12 +83,32 @@ with contextlib.suppress(ValueError):
     REGISTRY.register(_collector)
 
 
+def monitoring_access_refusal(request: HttpRequest, *, setting: str) -> HttpResponse | None:
+    """The answer that refuses `request` to a monitoring endpoint guarded by the token in
+    `setting` (METRICS_TOKEN, HEALTH_TOKEN), or None when it may pass."""
+    token = getattr(settings, setting)
+    if not token:
+        if settings.MONITORING_OPEN_WITHOUT_TOKEN:
+            return None
+        return HttpResponse(
+            f"Closed until its token is set: set {setting} and send it as a bearer token.\n",
+            status=403,
+            content_type="text/plain",
+        )
+    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+    if not hmac.compare_digest(given.encode(), token.encode()):
+        response = HttpResponse(
+            "A bearer token is required.\n", status=401, content_type="text/plain"
+        )
+        response["WWW-Authenticate"] = "Bearer"
+        return response
+    return None
+
+
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    token = settings.METRICS_TOKEN
-    if token:
-        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), token.encode()):
-            return HttpResponse("A bearer token is required.\n", status=401)
+    refusal = monitoring_access_refusal(request, setting="METRICS_TOKEN")
+    if refusal is not None:
+        return refusal
     return HttpResponse(generate_latest(_scrape_registry()), content_type=CONTENT_TYPE_LATEST)
 
 

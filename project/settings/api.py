@@ -85,5 +85,12 @@ CONSOLE_BEAT_STALE_SECONDS = env.list(
 CONSOLE_PENDING_AGE_SECONDS = env.list(
     "CONSOLE_PENDING_AGE_SECONDS", cast=float, default=[60.0, 600.0]
 )
-# /metrics needs `Authorization: Bearer <token>` when this is set.
+# /metrics and /health/ need `Authorization: Bearer <token>` when these are set. Without
+# one, they answer anyone, except where MONITORING_OPEN_WITHOUT_TOKEN is false (production):
+# there they answer 403 until their token is set.
 METRICS_TOKEN = env("METRICS_TOKEN", default="")
+HEALTH_TOKEN = env("HEALTH_TOKEN", default="")
+MONITORING_OPEN_WITHOUT_TOKEN = True
+# /health/ answers from its last run of the checks for this long: a busy probe or a refreshing
+# page does not open a connection to each service per request.
+HEALTH_CACHE_SECONDS = env.float("HEALTH_CACHE_SECONDS", default=5.0)

@@ -30,3 +30,7 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 SESSION_COOKIE_SECURE = HTTPS
 CSRF_COOKIE_SECURE = HTTPS
 X_FRAME_OPTIONS = "DENY"
+
+# /metrics and /health/ tell an outsider what runs and how it fails: closed until
+# METRICS_TOKEN and HEALTH_TOKEN are set.
+MONITORING_OPEN_WITHOUT_TOKEN = False

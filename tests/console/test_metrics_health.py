@@ -1,6 +1,7 @@
 """/metrics reads the backlog from the database at scrape time; /health/ checks PostgreSQL,
 Kafka, Redis, Celery workers and beat."""
 
+import dataclasses
 import os
 import socket
 import subprocess
@@ -104,3 +105,55 @@ def test_health_reports_an_unreachable_kafka(settings):
     result = asyncio.run(check.get_result())
     assert result.error is not None
     assert "Kafka unreachable" in str(result.error)
+
+
+@pytest.mark.parametrize(
+    ("path", "setting"), [("/metrics", "METRICS_TOKEN"), ("/health/", "HEALTH_TOKEN")]
+)
+def test_monitoring_is_closed_without_a_token_where_it_must_be(settings, path, setting):
+    settings.MONITORING_OPEN_WITHOUT_TOKEN = False
+    setattr(settings, setting, "")
+    response = Client().get(path)
+    assert response.status_code == 403
+    assert f"set {setting}" in response.content.decode()
+    setattr(settings, setting, "s3cret")
+    assert Client().get(path).status_code == 401
+    assert Client().get(path, HTTP_AUTHORIZATION="Bearer s3cret").status_code != 401
+
+
+@pytest.mark.kafka
+def test_health_answers_from_its_last_run_for_a_few_seconds(settings, monkeypatch):
+    from console import health
+
+    runs = []
+    original = health.Kafka.run
+
+    def counted(check):
+        runs.append(check)
+        return original(check)
+
+    monkeypatch.setattr(health.Kafka, "run", counted)
+    monkeypatch.setattr(health, "_health_answers", {})
+    settings.HEALTH_CACHE_SECONDS = 60
+    first = Client().get("/health/", HTTP_ACCEPT="application/json")
+    second = Client().get("/health/", HTTP_ACCEPT="application/json")
+    assert len(runs) == 1
+    assert second.json() == first.json()
+    assert "no-cache" in second["Cache-Control"]
+    # Once the answer is older than that, the checks run again.
+    for asked, answer in list(health._health_answers.items()):
+        health._health_answers[asked] = dataclasses.replace(answer, until=0.0)
+    Client().get("/health/", HTTP_ACCEPT="application/json")
+    assert len(runs) == 2
+
+
+@pytest.mark.kafka
+def test_the_kafka_check_reuses_one_admin_client():
+    import asyncio
+
+    from console.health import Kafka, _kafka_admin_client
+
+    _kafka_admin_client.cache_clear()
+    for _ in range(3):
+        assert asyncio.run(Kafka().get_result()).error is None
+    assert _kafka_admin_client.cache_info().currsize == 1

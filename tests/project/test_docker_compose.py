@@ -118,3 +118,10 @@ def test_the_consumer_reads_the_group_the_demo_registers(compose):
 
     assert DEMO_DELIVERY_GROUP == "demo-delivery"
     assert "demo_traffic" in compose["services"]["demo"]["command"]
+
+
+def test_compose_refuses_to_start_without_a_secret_key(compose):
+    # `${NAME:?message}`: compose stops with the message when NAME is unset or empty.
+    for name in APP_SERVICES:
+        secret = compose["services"][name]["environment"]["SECRET_KEY"]
+        assert re.fullmatch(r"\$\{SECRET_KEY:\?[^}]+\}", secret), (name, secret)

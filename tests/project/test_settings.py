@@ -49,3 +49,14 @@ def test_production_start_up_names_a_missing_variable(variable):
 def test_development_defaults_need_no_environment():
     result = manage("check", environment={})
     assert result.returncode == 0, result.stderr
+
+
+def test_production_closes_metrics_and_health_until_their_tokens_are_set():
+    result = manage(
+        "shell",
+        "-c",
+        "from django.conf import settings; print(settings.MONITORING_OPEN_WITHOUT_TOKEN)",
+        environment=PRODUCTION_ENVIRONMENT,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "False"
