@@ -242,7 +242,7 @@ def bulk_matching_view(
         **model_admin.admin_site.each_context(request),
         "title": f"{verb}: everything matching the filter",
         "opts": opts,
-        "count": queryset.count(),
+        **_bounded_count(queryset),
         "filters": filters,
         "filters_query": filters_query,
         "verb": verb,
@@ -251,6 +251,14 @@ def bulk_matching_view(
         "max_rows": settings.CONSOLE_BULK_MAX_ROWS,
     }
     return TemplateResponse(request, "admin/console/bulk_confirm.html", context)
+
+
+def _bounded_count(queryset: QuerySet) -> dict[str, Any]:
+    """The rows `queryset` matches, counted exactly up to CONSOLE_COUNT_LIMIT: a filter that
+    matches millions never costs a full COUNT(*) just to show a confirmation page."""
+    limit = settings.CONSOLE_COUNT_LIMIT
+    count = int(queryset.order_by().values("pk")[: limit + 1].count())
+    return {"count": min(count, limit), "count_is_exact": count <= limit}
 
 
 class DeliveryAdmin(ReadOnlyModelAdmin):

@@ -313,6 +313,24 @@ def test_a_refused_transition_is_a_message_not_an_error_page(operator, make_even
     assert "replay it instead" in response.content.decode()
 
 
+def test_the_retry_matching_confirmation_counts_no_further_than_the_count_limit(
+    operator, make_event, settings
+):
+    settings.CONSOLE_COUNT_LIMIT = 3
+    for _ in range(5):
+        make_event(OutboxEvent.Status.FAILED)
+    with CaptureQueriesContext(connection) as queries:
+        confirm = logged_in(operator).get(f"{EVENTS}retry-matching/", {"status__exact": "FAILED"})
+    assert confirm.status_code == 200
+    assert (confirm.context["count"], confirm.context["count_is_exact"]) == (3, False)
+    page = " ".join(confirm.content.decode().split())
+    assert "more than 3" in page
+    assert "every matching row" in page
+    counts = [query["sql"] for query in queries.captured_queries if "COUNT(" in query["sql"]]
+    assert counts
+    assert all("LIMIT 4" in sql for sql in counts)
+
+
 def test_retry_matching_counts_confirms_and_freezes_the_ids(
     operator, make_event, settings, monkeypatch, django_capture_on_commit_callbacks
 ):
