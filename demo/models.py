@@ -31,6 +31,7 @@ class Delivery(models.Model):
 
     class Meta:
         db_table = "demo_delivery"
+        verbose_name_plural = "deliveries"
         ordering = ("-started_at",)
 
     def __str__(self) -> str:

@@ -101,6 +101,8 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 
 LANGUAGE_CODE = "en-us"
+# Times in the console to the microsecond, in UTC: project/formats/en/formats.py.
+FORMAT_MODULE_PATH = ["project.formats"]
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
