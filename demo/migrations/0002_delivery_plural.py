@@ -4,14 +4,13 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('demo', '0001_initial'),
+        ("demo", "0001_initial"),
     ]
 
     operations = [
         migrations.AlterModelOptions(
-            name='delivery',
-            options={'ordering': ('-started_at',), 'verbose_name_plural': 'deliveries'},
+            name="delivery",
+            options={"ordering": ("-started_at",), "verbose_name_plural": "deliveries"},
         ),
     ]
