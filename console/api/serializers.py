@@ -3,7 +3,10 @@ list's filters, with a dry run) and the bulk result."""
 
 from typing import Any
 
+import django_filters
 from django.conf import settings
+from django_filters import FilterSet
+from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers
 
 
@@ -39,3 +42,60 @@ class BulkResultSerializer(serializers.Serializer):
     changed = serializers.IntegerField(read_only=True, allow_null=True)
     queued_chunks = serializers.IntegerField(read_only=True)
     audit_id = serializers.IntegerField(read_only=True, allow_null=True)
+
+
+def _filter_value_schema(filter_: django_filters.Filter) -> dict[str, Any]:
+    if isinstance(filter_, django_filters.ChoiceFilter):
+        return {"type": "string", "enum": [str(value) for value, _ in filter_.extra["choices"]]}
+    return {"type": "string"}
+
+
+class _IdsRequired(serializers.Serializer):
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        fields["ids"].required = True
+        return fields
+
+
+def bulk_request_schema(
+    *, name: str, serializer_class: type[BulkInputSerializer], filterset_class: type[FilterSet]
+) -> PolymorphicProxySerializer:
+    """The request body of a bulk action as the OpenAPI schema states it: one of two shapes,
+    the rows named by `ids`, or by `filter`, an object of the list's filters (at least one,
+    no other), with the other fields of `serializer_class` in both. A body with both, or
+    neither, matches no shape (oneOf), as serializer_class.validate refuses it."""
+    filters = filterset_class.base_filters
+    filter_schema = {
+        "type": "object",
+        "description": "The list endpoint's filters, at least one; values as in its query.",
+        "properties": {key: _filter_value_schema(filter_) for key, filter_ in filters.items()},
+        "additionalProperties": False,
+        "minProperties": 1,
+    }
+    by_filter_field = extend_schema_field(filter_schema)(
+        type(f"{name}Filter", (serializers.DictField,), {})
+    )
+    by_ids = type(
+        f"{name}ByIdsSerializer",
+        (_IdsRequired, serializer_class),
+        {
+            "__doc__": "The rows named by their ids.",
+            "__module__": __name__,
+            "filter": None,
+        },
+    )
+    by_filter = type(
+        f"{name}ByFilterSerializer",
+        (serializer_class,),
+        {
+            "__doc__": "The rows the list's filters select.",
+            "__module__": __name__,
+            "ids": None,
+            "filter": by_filter_field(child=serializers.CharField(allow_blank=True)),
+        },
+    )
+    return PolymorphicProxySerializer(
+        component_name=name,
+        serializers=[by_ids, by_filter],
+        resource_type_field_name=None,
+    )

@@ -14,12 +14,15 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "console.api.pagination.ConsoleCursorPagination",
     "PAGE_SIZE": env.int("API_PAGE_SIZE", default=50),
     "DEFAULT_FILTER_BACKENDS": ("console.api.filters.StrictFilterBackend",),
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # The error answers of every operation, with their body (console.api.schema).
+    "DEFAULT_SCHEMA_CLASS": "console.api.schema.ConsoleAutoSchema",
     "EXCEPTION_HANDLER": "console.api.exceptions.api_exception_handler",
     "DEFAULT_RENDERER_CLASSES": (
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
     ),
+    # An unknown ?format= is 406, like an Accept header the API cannot answer.
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "console.api.negotiation.ConsoleContentNegotiation",
     "DEFAULT_THROTTLE_CLASSES": (
         "rest_framework.throttling.AnonRateThrottle",
         "rest_framework.throttling.UserRateThrottle",

@@ -10,6 +10,7 @@ from analytics.models import (
     ReconciliationFinding,
     RelayStat,
 )
+from console.api.fields import DateTimeFilter
 
 
 class RangeForm(forms.Form):
@@ -40,8 +41,8 @@ class HourlyFilter(django_filters.FilterSet):
     """An hour is the UTC hour in which the events were created: hour_after <= hour <
     hour_before. `run` picks one run's rows instead of the latest run's for each hour."""
 
-    hour_after = django_filters.IsoDateTimeFilter(field_name="hour", lookup_expr="gte")
-    hour_before = django_filters.IsoDateTimeFilter(field_name="hour", lookup_expr="lt")
+    hour_after = DateTimeFilter(field_name="hour", lookup_expr="gte")
+    hour_before = DateTimeFilter(field_name="hour", lookup_expr="lt")
     topic = django_filters.CharFilter(field_name="topic")
     run = django_filters.NumberFilter(field_name="run_id")
 
@@ -77,8 +78,8 @@ class AnalyticsRunFilter(django_filters.FilterSet):
     status = django_filters.ChoiceFilter(choices=AnalyticsRun.Status.choices)
     trigger = django_filters.ChoiceFilter(choices=AnalyticsRun.Trigger.choices)
     # Runs whose window overlaps [window_after, window_before).
-    window_after = django_filters.IsoDateTimeFilter(field_name="window_end", lookup_expr="gt")
-    window_before = django_filters.IsoDateTimeFilter(field_name="window_start", lookup_expr="lt")
+    window_after = DateTimeFilter(field_name="window_end", lookup_expr="gt")
+    window_before = DateTimeFilter(field_name="window_start", lookup_expr="lt")
 
     class Meta:
         model = AnalyticsRun

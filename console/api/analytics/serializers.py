@@ -9,6 +9,7 @@ from analytics.models import (
     ReconciliationFinding,
     RelayStat,
 )
+from console.api.fields import DateTimeField
 
 
 class AnalyticsRunSerializer(serializers.ModelSerializer):
@@ -116,12 +117,12 @@ class ReconciliationFindingSerializer(serializers.ModelSerializer):
 
 
 class RunStartInputSerializer(serializers.Serializer):
-    since = serializers.DateTimeField(
+    since = DateTimeField(
         required=False,
         help_text="Window start, ISO 8601 with a time zone; with `until`, or neither for the "
         "last window the consume SLA has closed.",
     )
-    until = serializers.DateTimeField(required=False, help_text="Window end (exclusive).")
+    until = DateTimeField(required=False, help_text="Window end (exclusive).")
     note = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:

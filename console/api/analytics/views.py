@@ -53,6 +53,8 @@ class AnalyticsRunViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = AnalyticsRunSerializer
     filterset_class = AnalyticsRunFilter
     pagination_class = _pagination("-started_at", "-id")
+    # Starting a run refuses a bad window (400), never a row for its state.
+    state_conflicts = False
     required_permissions = {
         "list": VIEW_RUNS,
         "retrieve": VIEW_RUNS,

@@ -22,7 +22,11 @@ from console.api.inbox.serializers import (
 )
 from console.api.pagination import ConsoleCursorPagination
 from console.api.permissions import view_permission
-from console.api.serializers import ActionInputSerializer, BulkResultSerializer
+from console.api.serializers import (
+    ActionInputSerializer,
+    BulkResultSerializer,
+    bulk_request_schema,
+)
 from console.models import OperatorAction
 from console.operations import inbox_key_action, inbox_message_action
 from inbox.models import InboxMessage, InboxMessagePermission
@@ -34,6 +38,9 @@ RETRY = [InboxMessagePermission.RETRY]
 REPLAY = [InboxMessagePermission.REPLAY]
 DISCARD = [InboxMessagePermission.DISCARD]
 ACTIONS = {"retry", "replay", "discard", "bulk_retry", "bulk_replay", "bulk_discard"}
+BULK_REQUEST = bulk_request_schema(
+    name="InboxBulk", serializer_class=InboxBulkInputSerializer, filterset_class=InboxMessageFilter
+)
 
 
 class InboxCursorPagination(ConsoleCursorPagination):
@@ -122,19 +129,19 @@ class InboxMessageViewSet(viewsets.ReadOnlyModelViewSet):
             )
         )
 
-    @extend_schema(request=InboxBulkInputSerializer, responses=BulkResultSerializer)
+    @extend_schema(request=BULK_REQUEST, responses=BulkResultSerializer)
     @action(detail=False, methods=["post"], url_path="bulk/retry")
     def bulk_retry(self, request: Request) -> Response:
         """Retries the messages named by ids or by filter; dry_run only counts them."""
         return self._bulk(request, Action.INBOX_RETRY)
 
-    @extend_schema(request=InboxBulkInputSerializer, responses=BulkResultSerializer)
+    @extend_schema(request=BULK_REQUEST, responses=BulkResultSerializer)
     @action(detail=False, methods=["post"], url_path="bulk/replay")
     def bulk_replay(self, request: Request) -> Response:
         """Replays the FAILED messages named by ids or by filter; dry_run only counts them."""
         return self._bulk(request, Action.INBOX_REPLAY)
 
-    @extend_schema(request=InboxBulkInputSerializer, responses=BulkResultSerializer)
+    @extend_schema(request=BULK_REQUEST, responses=BulkResultSerializer)
     @action(detail=False, methods=["post"], url_path="bulk/discard")
     def bulk_discard(self, request: Request) -> Response:
         """Discards the FAILED messages named by ids or by filter; dry_run only counts them."""

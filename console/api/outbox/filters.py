@@ -5,6 +5,7 @@ selectors."""
 import django_filters
 from django.db.models import QuerySet
 
+from console.api.fields import DateTimeFilter
 from console.api.filters import DeliveryFilter
 from outbox.models import OutboxEvent
 from outbox.selectors import outbox_events_discarded, outbox_events_in_state
@@ -18,11 +19,11 @@ class OutboxEventFilter(DeliveryFilter):
 
     id = django_filters.UUIDFilter(field_name="id")
     status = django_filters.ChoiceFilter(choices=Status.choices, method="filter_status")
-    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    created_after = DateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = DateTimeFilter(field_name="created_at", lookup_expr="lt")
     # When the broker confirmed the event's latest publication.
-    published_after = django_filters.IsoDateTimeFilter(field_name="delivered_at", lookup_expr="gte")
-    published_before = django_filters.IsoDateTimeFilter(field_name="delivered_at", lookup_expr="lt")
+    published_after = DateTimeFilter(field_name="delivered_at", lookup_expr="gte")
+    published_before = DateTimeFilter(field_name="delivered_at", lookup_expr="lt")
     discarded = django_filters.BooleanFilter(method="filter_discarded")
 
     class Meta:

@@ -24,7 +24,11 @@ from console.api.outbox.serializers import (
 )
 from console.api.pagination import ConsoleCursorPagination
 from console.api.permissions import view_permission
-from console.api.serializers import ActionInputSerializer, BulkResultSerializer
+from console.api.serializers import (
+    ActionInputSerializer,
+    BulkResultSerializer,
+    bulk_request_schema,
+)
 from console.models import OperatorAction
 from console.operations import outbox_event_action, outbox_key_release_action
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxEventPermission
@@ -36,6 +40,16 @@ RETRY = [OutboxEventPermission.RETRY]
 DISCARD = [OutboxEventPermission.DISCARD]
 REPLAY = [OutboxEventPermission.REPLAY]
 ACTIONS = {"retry", "discard", "replay", "bulk_retry", "bulk_discard", "bulk_replay", "release"}
+BULK_REQUEST = bulk_request_schema(
+    name="OutboxBulk",
+    serializer_class=OutboxBulkInputSerializer,
+    filterset_class=OutboxEventFilter,
+)
+BULK_REPLAY_REQUEST = bulk_request_schema(
+    name="OutboxBulkReplay",
+    serializer_class=BulkReplayInputSerializer,
+    filterset_class=OutboxEventFilter,
+)
 
 
 class OutboxCursorPagination(ConsoleCursorPagination):
@@ -156,13 +170,13 @@ class OutboxEventViewSet(viewsets.ReadOnlyModelViewSet):
             )
         )
 
-    @extend_schema(request=OutboxBulkInputSerializer, responses=BulkResultSerializer)
+    @extend_schema(request=BULK_REQUEST, responses=BulkResultSerializer)
     @action(detail=False, methods=["post"], url_path="bulk/retry")
     def bulk_retry(self, request: Request) -> Response:
         """Retries the events named by ids or by filter; dry_run only counts them."""
         return self._bulk(request, Action.OUTBOX_RETRY, _valid(OutboxBulkInputSerializer, request))
 
-    @extend_schema(request=OutboxBulkInputSerializer, responses=BulkResultSerializer)
+    @extend_schema(request=BULK_REQUEST, responses=BulkResultSerializer)
     @action(detail=False, methods=["post"], url_path="bulk/discard")
     def bulk_discard(self, request: Request) -> Response:
         """Discards the FAILED events named by ids or by filter; dry_run only counts them."""
@@ -170,7 +184,7 @@ class OutboxEventViewSet(viewsets.ReadOnlyModelViewSet):
             request, Action.OUTBOX_DISCARD, _valid(OutboxBulkInputSerializer, request)
         )
 
-    @extend_schema(request=BulkReplayInputSerializer, responses=BulkResultSerializer)
+    @extend_schema(request=BULK_REPLAY_REQUEST, responses=BulkResultSerializer)
     @action(detail=False, methods=["post"], url_path="bulk/replay")
     def bulk_replay(self, request: Request) -> Response:
         """Replays the DONE or discarded events named by ids or by filter."""

@@ -1,0 +1,317 @@
+"""The API keeps the contract its OpenAPI schema states, under fuzzing.
+
+schemathesis reads the live schema (/api/schema/, from the app itself) and, for every
+operation, sends the examples it derives from the schema, valid and invalid (wrong types, out
+of range values, unknown parameters, bodies that break the rules), to the WSGI app in this
+process: the real PostgreSQL holds events, messages and analytics results in every state so
+that details and actions reach rows, and the consumer-lag endpoint asks the real Kafka. The
+caller is a superuser with an API token allowed every action. Each answer must be no 5xx, a
+status code and a content type the operation documents, and a body that matches the
+documented schema of that status (the Error component for every 4xx).
+
+The examples are derandomized and bounded per operation, so a run is repeatable and takes
+about a minute.
+"""
+
+import base64
+import json
+import os
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any, cast
+
+import hypothesis
+import jsonschema  # type: ignore[import-untyped]
+import pytest
+import schemathesis
+from django.contrib.auth.models import User
+from django.core.cache import cache
+from django.core.handlers.wsgi import WSGIHandler
+from django.core.serializers.json import DjangoJSONEncoder
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections
+from django.db.models import Model
+from django.utils import timezone
+from drf_spectacular.generators import SchemaGenerator
+from hypothesis import strategies as st
+from rest_framework.test import APIClient
+from schemathesis import Case
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from analytics.models import (
+    AnalyticsRun,
+    DeliveryLagStat,
+    DuplicateStat,
+    ReconciliationFinding,
+    RelayStat,
+)
+from console.models import ApiToken
+from console.tokens import api_token_create
+from inbox.models import InboxMessage
+from outbox.models import OutboxEvent
+from tests.analytics.results import result_run
+
+pytestmark = [pytest.mark.django_db, pytest.mark.kafka]
+
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
+# Examples per operation: enough for the generator to reach each parameter's edge values
+# (out of range dates, offsets, huge integers, unknown fields) in a run of about a minute.
+# API_CONTRACT_EXAMPLES=500 runs a deeper search.
+MAX_EXAMPLES = int(os.environ.get("API_CONTRACT_EXAMPLES", "60"))
+# Any host the app accepts (ALLOWED_HOSTS of the test settings).
+HOST = "localhost"
+
+Status = OutboxEvent.Status
+
+
+# A key held in the group "billing", which keeps order per key: a FAILED head, one parked.
+HELD_KEY = {"consumer_group": "billing", "topic": "console.orders", "key": "order-1"}
+
+
+def _ids(model: type[Model], run: AnalyticsRun) -> list[str]:
+    return [
+        str(pk) for pk in model._default_manager.filter(run=run).values_list("pk", flat=True)[:3]
+    ]
+
+
+@pytest.fixture
+def rows(
+    make_event: Callable[..., OutboxEvent],
+    make_message: Callable[..., InboxMessage],
+    settings: Any,
+) -> dict[str, list[str]]:
+    """Rows in every state the actions treat apart, and the ids the fuzzer may name, by the
+    path prefix of the operations that take them."""
+    settings.INBOX_ORDERING = "none"
+    settings.INBOX_GROUP_ORDERING = {HELD_KEY["consumer_group"]: "key"}
+    events = [
+        make_event(Status.PENDING),
+        make_event(Status.PENDING, attempts=2),
+        make_event(Status.FAILED),
+        make_event(Status.FAILED, discarded_at=timezone.now()),
+        make_event(Status.DONE),
+    ]
+    messages = [
+        make_message(InboxMessage.Status.FAILED, key=HELD_KEY["key"]),
+        make_message(InboxMessage.Status.PARKED, key=HELD_KEY["key"], attempts=0),
+        make_message(InboxMessage.Status.DONE, group="audit"),
+        make_message(InboxMessage.Status.FAILED, group="audit"),
+        make_message(InboxMessage.Status.PENDING, group="audit"),
+    ]
+    run = result_run()
+    return {
+        "/api/outbox/events/": [str(event.pk) for event in events],
+        "/api/inbox/messages/": [str(message.pk) for message in messages],
+        "/api/analytics/runs/": [str(run.pk)],
+        "/api/analytics/lag-stats/": _ids(DeliveryLagStat, run),
+        "/api/analytics/duplicate-stats/": _ids(DuplicateStat, run),
+        "/api/analytics/relay-stats/": _ids(RelayStat, run),
+        "/api/analytics/findings/": _ids(ReconciliationFinding, run),
+    }
+
+
+@pytest.fixture
+def token(db: Any) -> str:
+    admin = User.objects.create_superuser(username="contract", password="pw")
+    _, plain = api_token_create(
+        user=admin,
+        created_by=admin,
+        name="contract",
+        expires_in=timedelta(days=1),
+        actions=[ApiToken.ALL_ACTIONS],
+    )
+    return plain
+
+
+@pytest.fixture
+def app() -> Iterator[WSGIHandler]:
+    """Django's WSGI app, keeping the test's database connection (and its transaction) open
+    between requests, as Django's test client does."""
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    try:
+        yield WSGIHandler()
+    finally:
+        request_started.connect(close_old_connections)
+        request_finished.connect(close_old_connections)
+
+
+def _served_schema() -> dict[str, Any]:
+    """The schema /api/schema/ serves, built by the same generator as its view (collection
+    runs before any database exists; test_the_fuzzed_schema_is_the_served_one checks that
+    the view serves this very document)."""
+    generated = SchemaGenerator().get_schema(request=None, public=True)
+    # As JSON, like the view's answer.
+    return cast(dict[str, Any], json.loads(json.dumps(generated, cls=DjangoJSONEncoder)))
+
+
+SERVED_SCHEMA = _served_schema()
+schema = schemathesis.openapi.from_dict(
+    SERVED_SCHEMA,
+    config=schemathesis.Config.from_dict(
+        {"generation": {"max-examples": MAX_EXAMPLES, "deterministic": True, "database": "none"}}
+    ),
+)
+
+
+def test_the_fuzzed_schema_is_the_served_one(token: str) -> None:
+    client = APIClient()
+    response = client.get("/api/schema/", {"format": "json"}, HTTP_AUTHORIZATION=f"Token {token}")
+    assert response.status_code == 200
+    assert json.loads(response.content) == SERVED_SCHEMA
+
+
+@schema.parametrize()
+@schema.given(data=st.data())
+@hypothesis.settings(
+    max_examples=MAX_EXAMPLES,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    # The rows and the token are made once per operation, not per example.
+    suppress_health_check=[
+        hypothesis.HealthCheck.function_scoped_fixture,
+        hypothesis.HealthCheck.too_slow,
+    ],
+)
+def test_every_operation_keeps_its_documented_contract(
+    case: Case, data: st.DataObject, app: WSGIHandler, rows: dict[str, list[str]], token: str
+) -> None:
+    # Half the time, details and actions name a row that exists (in one of its states), and
+    # the held keys' actions the held key; the other half, what the generator made.
+    known = next((ids for prefix, ids in rows.items() if case.path.startswith(prefix)), [])
+    if "id" in (case.path_parameters or {}) and known and data.draw(st.booleans(), "a known id"):
+        case.path_parameters = {**case.path_parameters, "id": data.draw(st.sampled_from(known))}
+    held_key_action = case.path.startswith("/api/inbox/held-keys/") and case.method == "POST"
+    if held_key_action and isinstance(case.body, dict) and data.draw(st.booleans(), "held key"):
+        case.body = {**case.body, **HELD_KEY}
+    # Throttling has its own tests; here every request must reach its view.
+    cache.clear()
+    case.call_and_validate(
+        base_url=f"http://{HOST}",
+        app=app,
+        headers={"Authorization": f"Token {token}"},
+        checks=CHECKS,
+    )
+
+
+def _operations() -> list[tuple[str, str, dict[str, Any]]]:
+    return [
+        (path, method, operation)
+        for path, methods in SERVED_SCHEMA["paths"].items()
+        for method, operation in methods.items()
+    ]
+
+
+def _validator(component: str) -> jsonschema.Draft202012Validator:
+    document = {"$ref": f"#/components/schemas/{component}", **SERVED_SCHEMA}
+    return jsonschema.Draft202012Validator(document)
+
+
+def test_every_operation_documents_its_error_answers_with_the_error_body() -> None:
+    error = {"$ref": "#/components/schemas/Error"}
+    assert set(SERVED_SCHEMA["components"]["schemas"]["Error"]["required"]) == {"code", "message"}
+    for path, method, operation in _operations():
+        expected = {"400", "401", "403", "406", "429"}
+        if "{" in path:
+            expected.add("404")
+        if method == "post":
+            expected |= {"415"} if path.startswith("/api/analytics/") else {"409", "415"}
+        documented = {
+            status
+            for status, response in operation["responses"].items()
+            if status >= "400" and response["content"]["application/json"]["schema"] == error
+        }
+        assert documented == expected, (method, path)
+
+
+BULK_PATHS = [
+    (path, method) for path, method, _ in _operations() if "/bulk/" in path and method == "post"
+]
+
+
+@pytest.mark.parametrize(("path", "method"), BULK_PATHS)
+def test_a_bulk_request_names_its_rows_by_ids_or_by_filter_not_both(path: str, method: str) -> None:
+    body = SERVED_SCHEMA["paths"][path][method]["requestBody"]["content"]["application/json"]
+    component = body["schema"]["$ref"].rsplit("/", 1)[1]
+    assert len(SERVED_SCHEMA["components"]["schemas"][component]["oneOf"]) == 2
+    validator = _validator(component)
+    row_id = "7" if path.startswith("/api/inbox/") else "e3e70682-c209-4cac-a29f-6fbed82c07cd"
+    ids = [int(row_id)] if row_id.isdigit() else [row_id]
+    assert validator.is_valid({"ids": ids, "dry_run": True})
+    assert validator.is_valid({"filter": {"status": "FAILED"}, "note": "after the outage"})
+    assert not validator.is_valid({"ids": ids, "filter": {"status": "FAILED"}})
+    assert not validator.is_valid({"dry_run": True})
+    assert not validator.is_valid({"filter": {}})
+    assert not validator.is_valid({"filter": {"stauts": "FAILED"}})
+    assert not validator.is_valid({"filter": {"status": "LOST"}})
+
+
+# Filters and bodies the database could not compare: each was a 500 (DataError) before.
+OUT_OF_RANGE = [
+    "/api/analytics/lag-stats/?hour_after=2026-03-01T00:00:00%2B22:00",
+    "/api/analytics/duplicate-stats/?hour_before=3397-04-15T04:08:07-21:12",
+    "/api/analytics/relay-stats/?hour_after=2026-03-01T00:00:00-16:00",
+    "/api/analytics/runs/?window_after=2026-03-01T00:00:00%2B16:00",
+    "/api/outbox/events/?created_after=0001-01-01T00:00:00%2B05:00",
+    "/api/outbox/events/?published_before=9999-12-31T23:00:00-05:00",
+    "/api/inbox/messages/?received_after=2439-07-13T16:18:57%2B22:01",
+]
+
+
+@pytest.mark.parametrize("url", OUT_OF_RANGE)
+def test_a_date_the_database_cannot_compare_is_a_400_with_a_code(url: str, token: str) -> None:
+    response = APIClient().get(url, HTTP_AUTHORIZATION=f"Token {token}")
+    assert response.status_code == 400, response.content
+    body = response.json()
+    assert body["code"] == "validation_error"
+    assert "UTC" in body["message"]
+    assert list(body["errors"]) == [url.split("?")[1].split("=")[0]]
+
+
+def test_a_window_with_an_offset_the_database_refuses_is_a_400(token: str) -> None:
+    response = APIClient().post(
+        "/api/analytics/runs/start/",
+        {"since": "2026-03-01T00:00:00+22:00", "until": "2026-03-01T06:00:00Z"},
+        format="json",
+        HTTP_AUTHORIZATION=f"Token {token}",
+    )
+    assert response.status_code == 400, response.content
+    assert response.json()["code"] == "validation_error"
+    assert "since" in response.json()["errors"]
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "not base64!",
+        # Decodes, but its position is no time (the inbox orders by received_at).
+        base64.b64encode(b"o=0&r=0&p=yesterday").decode(),
+        # Decodes, but its position is beyond a bigint (the findings order by id).
+        base64.b64encode(b"o=0&r=0&p=99999999999999999999999").decode(),
+    ],
+)
+def test_a_cursor_the_list_did_not_give_is_a_400(cursor: str, token: str, rows: Any) -> None:
+    for url in ("/api/inbox/messages/", "/api/analytics/findings/"):
+        response = APIClient().get(url, {"cursor": cursor}, HTTP_AUTHORIZATION=f"Token {token}")
+        assert response.status_code == 400, (url, response.content)
+        assert response.json()["code"] == "invalid_cursor"
+
+
+def test_a_format_the_api_has_no_renderer_for_is_a_406(token: str) -> None:
+    response = APIClient().get(
+        "/api/outbox/events/", {"format": "xml"}, HTTP_AUTHORIZATION=f"Token {token}"
+    )
+    assert response.status_code == 406, response.content
+    assert response.json()["code"] == "not_acceptable"
+    assert "json" in response.json()["message"]
