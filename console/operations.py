@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 
 from django.conf import settings
 from django.db import transaction
@@ -117,9 +117,21 @@ def _jsonable(value: Any) -> Any:
     return str(value) if isinstance(value, uuid.UUID) else value
 
 
+def _refuse_too_large(limit: int) -> NoReturn:
+    raise BulkTooLarge(
+        f"The selection has more than {limit} rows (CONSOLE_BULK_MAX_ROWS); narrow the "
+        "filter, e.g. by date range, and run the action once per part."
+    )
+
+
 def bulk_action_count(queryset: QuerySet) -> int:
-    """The rows a bulk action over `queryset` would touch (a dry run)."""
-    return queryset.count()
+    """The rows a bulk action over `queryset` would touch (a dry run), refused as the action
+    would be beyond CONSOLE_BULK_MAX_ROWS: counted no further than that."""
+    limit = settings.CONSOLE_BULK_MAX_ROWS
+    count = int(queryset.order_by().values("pk")[: limit + 1].count())
+    if count > limit:
+        _refuse_too_large(limit)
+    return count
 
 
 def bulk_action_run(
@@ -145,10 +157,7 @@ def bulk_action_run(
     else:
         frozen = list(ids or [])
     if len(frozen) > limit:
-        raise BulkTooLarge(
-            f"The selection has more than {limit} rows (CONSOLE_BULK_MAX_ROWS); narrow the "
-            "filter, e.g. by date range, and run the action once per part."
-        )
+        _refuse_too_large(limit)
     chunk_size = settings.CONSOLE_BULK_CHUNK_SIZE
     chunks = [frozen[start : start + chunk_size] for start in range(0, len(frozen), chunk_size)]
     common = {

@@ -7,6 +7,8 @@ import uuid
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from console.models import ApiToken, OperatorAction
@@ -483,6 +485,24 @@ def test_inbox_replay_of_a_done_message_is_a_409(operator, make_message):
     response = client_for(operator).post(f"{MESSAGES}{message.pk}/replay/", {}, format="json")
     assert response.status_code == 409
     assert response.json()["code"] == "invalid_transition"
+
+
+def test_a_dry_run_counts_no_further_than_an_action_may_take(operator, make_message, settings):
+    settings.CONSOLE_BULK_MAX_ROWS = 2
+    for _ in range(3):
+        make_message(InboxMessage.Status.FAILED)
+    client = client_for(operator)
+    body = {"filter": {"status": "FAILED"}, "dry_run": True}
+    with CaptureQueriesContext(connection) as queries:
+        response = client.post(f"{MESSAGES}bulk/retry/", body, format="json")
+    # Refused as the action itself would be, having counted three rows at most.
+    assert response.status_code == 400
+    assert response.json()["code"] == "bulk_too_large"
+    counts = [query["sql"] for query in queries.captured_queries if "COUNT(" in query["sql"]]
+    assert counts
+    assert all("LIMIT 3" in sql for sql in counts)
+    settings.CONSOLE_BULK_MAX_ROWS = 3
+    assert client.post(f"{MESSAGES}bulk/retry/", body, format="json").json()["matched"] == 3
 
 
 def test_inbox_bulk_dry_run_and_run(operator, make_message):
