@@ -6,6 +6,7 @@ admins."""
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -113,6 +114,29 @@ def pretty_json(value: Any) -> str:
         'overflow: auto; font-family: monospace; font-size: 12px">{}</pre>',
         text,
     )
+
+
+def lag_text(started: datetime | None, ended: datetime | None) -> str:
+    """The time from `started` to `ended` as an operator reads a lag: milliseconds under a
+    second, seconds to the hundredth under a minute, then minutes and seconds; "-" while
+    either is unknown."""
+    if started is None or ended is None:
+        return "-"
+    seconds = (ended - started).total_seconds()
+    # Clocks of two hosts (a publisher's, a consumer's) can make a lag a little negative.
+    sign = "-" if seconds < 0 else ""
+    seconds = abs(seconds)
+    if seconds < 1:
+        return f"{sign}{seconds * 1000:.1f} ms"
+    if seconds < 60:
+        return f"{sign}{seconds:.2f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{sign}{minutes} min {rest} s"
+
+
+def log_position_text(partition: int | None, offset: int | None) -> str:
+    """Where a record sits in its topic: partition/offset."""
+    return "-" if partition is None or offset is None else f"{partition}/{offset}"
 
 
 def preformatted(value: str) -> str:

@@ -19,6 +19,8 @@ from unfold.decorators import action, display
 from console.admin.base import (
     DeliveryAdmin,
     ExactTextFilter,
+    lag_text,
+    log_position_text,
     run_selected_action,
 )
 from console.models import OperatorAction
@@ -49,6 +51,8 @@ class InboxMessageAdmin(DeliveryAdmin):
         "duplicate_count",
         "received_at",
         "processed_at",
+        "consume_lag",
+        "log_position",
     )
     list_filter = (
         "status",
@@ -126,6 +130,14 @@ class InboxMessageAdmin(DeliveryAdmin):
         if not term:
             return queryset, False
         return queryset.filter(Q(event_id=term) | Q(aggregate_id=term) | Q(key=term)), False
+
+    @display(description="Consume lag")
+    def consume_lag(self, message: InboxMessage) -> str:
+        return lag_text(message.published_at, message.processed_at)
+
+    @display(description="Partition/offset")
+    def log_position(self, message: InboxMessage) -> str:
+        return log_position_text(message.partition, message.offset)
 
     @display(description="Outbox event")
     def outbox_event(self, message: InboxMessage) -> str:

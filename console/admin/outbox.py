@@ -30,6 +30,8 @@ from unfold.utils import parse_datetime_str
 from console.admin.base import (
     DeliveryAdmin,
     ExactTextFilter,
+    lag_text,
+    log_position_text,
     preformatted,
     run_selected_action,
     status_badge,
@@ -146,6 +148,8 @@ class OutboxEventAdmin(DeliveryAdmin):
         "attempts_made",
         "created_at",
         "published",
+        "publish_lag",
+        "log_position",
     )
     list_filter = (
         DeliveryStatusFilter,
@@ -281,6 +285,14 @@ class OutboxEventAdmin(DeliveryAdmin):
     @display(description="Published at")
     def published(self, event: Any) -> datetime | None:
         return event.delivered_at
+
+    @display(description="Publish lag")
+    def publish_lag(self, event: Any) -> str:
+        return lag_text(event.created_at, event.delivered_at)
+
+    @display(description="Partition/offset")
+    def log_position(self, event: Any) -> str:
+        return log_position_text(event.delivered_partition, event.delivered_offset)
 
     @display(description="Kafka partition")
     def partition(self, event: Any) -> int | None:

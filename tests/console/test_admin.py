@@ -452,3 +452,30 @@ def test_the_audit_log_is_readable_and_read_only(operator, make_event):
     assert client.get(f"/admin/console/operatoraction/{entry.pk}/change/").status_code == 200
     assert client.post(f"/admin/console/operatoraction/{entry.pk}/delete/").status_code == 403
     assert client.get("/admin/console/operatoraction/add/").status_code == 403
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0.0123, "12.3 ms"), (1.2345, "1.23 s"), (125.4, "2 min 5 s"), (-0.002, "-2.0 ms")],
+)
+def test_a_lag_reads_in_the_unit_its_size_calls_for(seconds, text):
+    from datetime import UTC, datetime, timedelta
+
+    from console.admin.base import lag_text
+
+    started = datetime(2026, 1, 1, tzinfo=UTC)
+    assert lag_text(started, started + timedelta(seconds=seconds)) == text
+    assert lag_text(started, None) == "-"
+
+
+def test_the_lists_show_lag_and_log_position(operator, make_event, make_message):
+    make_event(OutboxEvent.Status.DONE)
+    make_message(InboxMessage.Status.DONE)
+    client = logged_in(operator)
+    events = client.get(EVENTS)
+    assert "Publish lag" in events.content.decode()
+    assert "0/41" in events.content.decode()  # the fixture's partition and offset
+    messages = client.get(MESSAGES)
+    assert "Consume lag" in messages.content.decode()
+    message = InboxMessage.objects.get()
+    assert f"{message.partition}/{message.offset}" in messages.content.decode()
