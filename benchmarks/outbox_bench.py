@@ -5,7 +5,10 @@ per event and one hot key.
 
 Six parts, each a table; --only runs the parts named (repeatable), always in this order:
   rates     the raw confluent-kafka producer and the relay (outbox.log_relay.LogRelay) in this
-            process, plain and transactional, on --events events;
+            process, plain and transactional, on --events events; with --tracing, also the
+            relay with tracing off (opentelemetry-api only, no SDK) and on (the SDK at 100 %
+            sampling, a batch span processor, an exporter that drops the spans), their
+            events carrying a traceparent, and the ratio on/off;
   lag       publish lag at --lag-rate events/s on 10,000 keys for --lag-seconds, with
             `outbox_relay` and with Celery beat + nudge;
   skew      (a) the relay draining --skew-events events of 1 KB on 1, 10, 100 and 10,000 keys:
@@ -47,7 +50,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE_DIR))
@@ -73,9 +76,16 @@ def payload(number: int) -> dict:
     return {"number": number, "seq": number // KEYS, "data": "x" * (PAYLOAD_BYTES - 40)}
 
 
-def insert_events(topic: str, count: int, keys: int = KEYS) -> None:
+# The creation context of the events of the tracing runs: a request's, as publish() stores it.
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def insert_events(
+    topic: str, count: int, keys: int = KEYS, *, traceparent: str | None = None
+) -> None:
     """Bulk-inserts events as many publish() calls would write them, but fast: in one
-    transaction, so the relay reads them as one (its batches still hold --batch-size)."""
+    transaction, so the relay reads them as one (its batches still hold --batch-size).
+    With `traceparent`, each event carries it as publish() stores a caller's."""
     from django.db import connection
 
     with connection.cursor() as cursor:
@@ -86,10 +96,16 @@ def insert_events(topic: str, count: int, keys: int = KEYS) -> None:
             SELECT gen_random_uuid(), 'order', 'order-' || (n %% %(keys)s), 'OrderPlaced',
                    jsonb_build_object('number', n, 'seq', n / %(keys)s,
                                       'data', repeat('x', %(filler)s)),
-                   '{}'::jsonb, %(topic)s, 'order-' || (n %% %(keys)s), now()
+                   %(headers)s::jsonb, %(topic)s, 'order-' || (n %% %(keys)s), now()
             FROM generate_series(0, %(count)s - 1) AS n
             """,
-            {"keys": keys, "filler": PAYLOAD_BYTES - 40, "topic": topic, "count": count},
+            {
+                "keys": keys,
+                "filler": PAYLOAD_BYTES - 40,
+                "topic": topic,
+                "count": count,
+                "headers": json.dumps({"traceparent": traceparent} if traceparent else {}),
+            },
         )
         # Rows a real workload adds over time (autovacuum keeps their statistics) appear
         # here at once: give the planner their statistics before the clock starts.
@@ -175,7 +191,14 @@ def deliver_with_relay(relay: "LogRelay", topic: str) -> int:
     return published
 
 
-def measure_relay(topic: str, count: int, batch_size: int, *, transactional: bool) -> float:
+def measure_relay(
+    topic: str,
+    count: int,
+    batch_size: int,
+    *,
+    transactional: bool,
+    traceparent: str | None = None,
+) -> float:
     """The relay in this process on `count` events on KEYS keys, plain or with one Kafka
     transaction per batch."""
     from outbox.producer import close_producers, get_producer
@@ -184,7 +207,7 @@ def measure_relay(topic: str, count: int, batch_size: int, *, transactional: boo
     relay = new_relay(batch_size, transactional_id)
     try:
         get_producer(transactional_id=transactional_id)  # connected before the clock starts
-        insert_events(topic, count)
+        insert_events(topic, count, traceparent=traceparent)
         started = time.perf_counter()
         published = deliver_with_relay(relay, topic)
         elapsed = time.perf_counter() - started
@@ -987,6 +1010,71 @@ def rates(count: int, batch_size: int, topics: list[str]) -> None:
     print(f"  {'transactional / plain relay':<42}{transactional / relay:>10.2f}")
 
 
+TRACING_ROUNDS = 3
+
+
+def tracing_rates(count: int, batch_size: int, topics: list[str]) -> None:
+    """The relay with tracing off and on, alternated TRACING_ROUNDS times; the best of each."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+    from project.tracing import use_tracer_provider
+
+    class DroppingExporter(SpanExporter):
+        """Takes every span and sends it nowhere: the cost measured is making the spans and
+        the batch processor's, not a collector's."""
+
+        def __init__(self) -> None:
+            self.exported = 0
+
+        def export(self, spans: Any) -> SpanExportResult:
+            self.exported += len(spans)
+            return SpanExportResult.SUCCESS
+
+    print()
+    print(
+        f"tracing: the relay on {count:,} events carrying a traceparent, best of"
+        f" {TRACING_ROUNDS} alternated runs",
+        flush=True,
+    )
+    off: list[float] = []
+    on: list[float] = []
+    exported = 0
+    for _ in range(TRACING_ROUNDS):
+        topics.append(create_topic())
+        clear_outbox()
+        off.append(
+            measure_relay(
+                topics[-1], count, batch_size, transactional=False, traceparent=TRACEPARENT
+            )
+        )
+        exporter = DroppingExporter()
+        provider = TracerProvider(sampler=ALWAYS_ON)
+        # A queue as long as the run: no span is dropped before the exporter sees it.
+        provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=count))
+        use_tracer_provider(provider)
+        try:
+            topics.append(create_topic())
+            clear_outbox()
+            on.append(
+                measure_relay(
+                    topics[-1], count, batch_size, transactional=False, traceparent=TRACEPARENT
+                )
+            )
+        finally:
+            use_tracer_provider(None)
+            provider.shutdown()  # exports what is queued
+        exported += exporter.exported
+    clear_outbox()
+    print(f"  {'relay, tracing off (API only)':<52}{max(off):>10,.0f} events/s")
+    print(f"  {'relay, tracing on (SDK, 100 %, batch processor)':<52}{max(on):>10,.0f} events/s")
+    print(f"  {'on / off':<52}{max(on) / max(off):>10.2f}")
+    runs = [", ".join(f"{rate:,.0f}" for rate in measured) for measured in (off, on)]
+    print(f"  every run, events/s: off {runs[0]}; on {runs[1]}")
+    print(f"  send spans exported in the runs with tracing on: {exported:,}")
+
+
 def publish_lag(rate: int, seconds: float, environment: dict[str, str], topics: list[str]) -> None:
     """Publish lag with `outbox_relay`, then with Celery beat (1 s) and the on-commit nudge."""
     from django.conf import settings
@@ -1067,6 +1155,11 @@ def main() -> None:
         "--one-key-seconds", type=float, default=30.0, help="offered load's length (one-key)"
     )
     parser.add_argument("--keep-database", action="store_true", help="reuse its database")
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="rates: also the relay with tracing off and on, and their ratio",
+    )
     options = parser.parse_args()
 
     url = sibling_database_url(BENCH_DATABASE_SUFFIX)
@@ -1089,6 +1182,8 @@ def main() -> None:
     try:
         if "rates" in parts:
             rates(options.events, options.batch_size, topics)
+            if options.tracing:
+                tracing_rates(options.events, options.batch_size, topics)
         if "lag" in parts:
             publish_lag(options.lag_rate, options.lag_seconds, environment, topics)
         if "skew" in parts:

@@ -18,7 +18,8 @@ import math
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -26,7 +27,7 @@ from confluent_kafka import KafkaException
 from django.conf import settings
 
 from outbox import metrics
-from outbox.models import OutboxDelivery
+from outbox.models import OutboxDelivery, OutboxHeldEvent
 from outbox.producer import discard_producer, get_producer
 from outbox.relay import (
     DeliveryReports,
@@ -63,6 +64,9 @@ from outbox.services.event_log import (
     tick_read,
     tick_take,
 )
+from outbox.tracing import Outcome as SendOutcome
+from outbox.tracing import SendSpans, send_spans
+from project.tracing import active_tracer
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +99,24 @@ class SentBatch:
     fatal: bool
     # Failures the producer decided alone, before any broker saw the record.
     refused: set[uuid.UUID] = field(default_factory=set)
+    # The send spans of the events produced, when tracing is on; ended by finish_spans().
+    spans: SendSpans | None = None
+
+    def in_span(self, event_id: uuid.UUID) -> AbstractContextManager[None]:
+        """The event's ended send span as the current context (for a log line about it),
+        when tracing is on."""
+        return nullcontext() if self.spans is None else self.spans.current(event_id)
+
+    def finish_spans(self, failed_outcome: str) -> None:
+        """Ends the send spans: the delivered as published, the failed with `failed_outcome`
+        (those ended already are left as they are)."""
+        if self.spans is None:
+            return
+        for record in self.delivered:
+            self.spans.finish(record, SendOutcome.PUBLISHED)
+        for record in self.failed:
+            self.spans.finish(record, failed_outcome)
+        self.spans.finish_unfinished("no outcome recorded")
 
     @property
     def nothing_reached_kafka(self) -> bool:
@@ -127,6 +149,12 @@ class LogRelay:
         self.cursors: list[Cursor] = []
         self.ticks: dict[int, Tick] = {}
         self.outage_pause = OUTAGE_RETRY_SECONDS
+        # Batches of each cursor (by its shards) sent in a row of which nothing reached
+        # Kafka: the next try of that batch is this plus one (a send span's attempt).
+        self.outage_tries: dict[tuple[int, ...], int] = {}
+        # The try the next _send() makes of its events: a number for all, or one by event id
+        # (held events); the attribute of their send spans when tracing is on.
+        self.sending_attempt: int | Mapping[uuid.UUID, int] = 1
 
     def run(self, *, max_seconds: float | None = None) -> LogRunResult:
         """Sends what the log holds for this relay's shards, for at most max_seconds."""
@@ -237,8 +265,12 @@ class LogRelay:
                 position=events[-1].position,
             )
         to_send = [event for event in events if (event.topic, event.key) not in held_keys]
+        attempt = self.outage_tries.get(cursor.shards, 0) + 1
+        self.sending_attempt = attempt
         sent = self._send(to_send)
         if to_send and sent.nothing_reached_kafka:
+            sent.finish_spans(SendOutcome.RETRYING)
+            self.outage_tries[cursor.shards] = attempt
             # Nothing went out: the cluster is unreachable or the producer broken. The tries
             # are recorded and the same batch is read again after a pause; an outage holds
             # no key.
@@ -254,6 +286,9 @@ class LogRelay:
             self._pause_for_outage(sent)
             return cursor, False
         self.outage_pause = OUTAGE_RETRY_SECONDS
+        self.outage_tries.pop(cursor.shards, None)
+        # A failed event now holds its key, or waits behind the failed head of its key.
+        sent.finish_spans(SendOutcome.HELD)
         held = self._held_in(events, sent, held_keys)
         fault_point("before-mark")
         batch_record(
@@ -288,12 +323,13 @@ class LogRelay:
                 if key in held_keys:
                     # The producer took it after refusing an earlier event of its key by a
                     # delivery report (a refusal at produce() stops the key at once).
-                    logger.error(
-                        "Outbox relay: event %s of key %r went out after an earlier event of "
-                        "its key failed in the same batch",
-                        event.id,
-                        event.key,
-                    )
+                    with sent.in_span(event.id):
+                        logger.error(
+                            "Outbox relay: event %s of key %r went out after an earlier event "
+                            "of its key failed in the same batch",
+                            event.id,
+                            event.key,
+                        )
             elif event.id in failures and key not in held_keys:
                 held.append((event, failures[event.id]))
                 held_keys.add(key)
@@ -302,6 +338,7 @@ class LogRelay:
         return held
 
     def _send(self, events: Sequence[LogEvent]) -> SentBatch:
+        """Sends the events, tried for the time self.sending_attempt says."""
         if not events:
             return SentBatch(delivered=[], failed=[], fatal=False)
         try:
@@ -310,8 +347,17 @@ class LogRelay:
             logger.warning("Outbox relay cannot create its producer: %s", error)
             return SentBatch(delivered=[], failed=[], fatal=True)
         publish = publish_batch_in_transaction if self.transactional_id else publish_batch
-        reports, fatal = publish(producer, events, timeout=self.delivery_timeout + 5)
+        spans = send_spans(self.sending_attempt)
+        try:
+            reports, fatal = publish(
+                producer, events, timeout=self.delivery_timeout + 5, spans=spans
+            )
+        except BaseException as error:
+            if spans is not None:
+                spans.finish_unfinished(f"{type(error).__name__}: {error}")
+            raise
         sent = _sent_from(reports, events, fatal=fatal)
+        sent.spans = spans
         if producer.fatal_error is not None:
             logger.error(
                 "Outbox relay replaces its producer after a fatal error: %s", producer.fatal_error
@@ -338,6 +384,7 @@ class LogRelay:
             done_tick_id=min(cursor.tick_id for cursor in self.cursors),
             limit=HELD_KEYS_PER_STEP,
         )
+        tracing = bool(due) and active_tracer() is not None
         for topic, key in due:
             events = held_events_read(topic=topic, key=key, limit=self.batch_size)
             if not events:
@@ -345,6 +392,8 @@ class LogRelay:
                 held_orphans_drop(topic=topic, key=key)
                 continue
             head = events[0]
+            # The send spans' attempt numbers: read only when tracing is on.
+            self.sending_attempt = _held_attempts(events) if tracing else 1
             # The head alone first: were it sent with the rest, a refused head could let its
             # followers overtake it.
             for group in ([head], events[1:]):
@@ -378,7 +427,13 @@ class LogRelay:
                     counter = metrics.FAILED if spent else metrics.RETRIED
                     counter.labels(topic=first_failed.topic).inc()
                     result.failed += 1
+                    if sent.spans is not None:
+                        outcome = SendOutcome.FAILED if spent else SendOutcome.RETRYING
+                        sent.spans.finish(failure, outcome)
+                    # The rest of the group stays held behind the head.
+                    sent.finish_spans(SendOutcome.HELD)
                     break
+                sent.finish_spans(SendOutcome.HELD)
         return bool(due)
 
     @staticmethod
@@ -391,6 +446,15 @@ class LogRelay:
             metrics.PUBLISH_LAG.observe(max(lag, 0.0))
         for record in sent.failed:
             metrics.RETRIED.labels(topic=by_id[record.event_id].topic).inc()
+
+
+def _held_attempts(events: Sequence[LogEvent]) -> dict[uuid.UUID, int]:
+    """The number of the try about to be made of each held event: its failed tries so far
+    (counted on a held head since its last retry by an operator), plus one."""
+    held = OutboxHeldEvent.objects.filter(event_id__in=[event.id for event in events])
+    return {
+        event_id: attempts + 1 for event_id, attempts in held.values_list("event_id", "attempts")
+    }
 
 
 def _sent_from(reports: DeliveryReports, events: Sequence[LogEvent], *, fatal: bool) -> SentBatch:

@@ -21,6 +21,7 @@ from outbox.producer import (
     topic_record_limits,
 )
 from outbox.services.event_log import LogEvent
+from outbox.tracing import SendSpans
 
 logger = logging.getLogger(__name__)
 
@@ -96,9 +97,14 @@ class DeliveryReports:
 
 
 def produce_all(
-    producer: RelayProducer, events: Sequence[LogEvent], reports: DeliveryReports
+    producer: RelayProducer,
+    events: Sequence[LogEvent],
+    reports: DeliveryReports,
+    spans: SendSpans | None = None,
 ) -> bool:
     """Produces every event in the given order; returns False on a fatal producer error.
+    With `spans` (tracing on), each event's send span starts before it is produced; the
+    caller ends them.
 
     An event refused before any broker sees it is a failure: one over its topic's
     max.message.bytes (a broker would refuse it every time), or one the producer itself
@@ -111,6 +117,8 @@ def produce_all(
         if (event.topic, event.key) in refused_keys:
             reports.skipped.add(event.id)
             continue
+        if spans is not None:
+            spans.start(event)
         key, value, headers = event.key.encode(), event.payload_json.encode(), record_headers(event)
         limit = limits.get(event.topic)
         if (
@@ -149,18 +157,26 @@ def produce_all(
 
 
 def publish_batch(
-    producer: RelayProducer, events: Sequence[LogEvent], *, timeout: float
+    producer: RelayProducer,
+    events: Sequence[LogEvent],
+    *,
+    timeout: float,
+    spans: SendSpans | None = None,
 ) -> tuple[DeliveryReports, bool]:
     """Produces the events and waits up to `timeout` seconds for their delivery reports;
     returns the reports and whether the producer hit a fatal error."""
     reports = DeliveryReports()
-    produce_all(producer, events, reports)
+    produce_all(producer, events, reports, spans)
     producer.producer.flush(timeout)
     return reports, producer.fatal_error is not None
 
 
 def publish_batch_in_transaction(
-    producer: RelayProducer, events: Sequence[LogEvent], *, timeout: float
+    producer: RelayProducer,
+    events: Sequence[LogEvent],
+    *,
+    timeout: float,
+    spans: SendSpans | None = None,
 ) -> tuple[DeliveryReports, bool]:
     """The same in one Kafka transaction: every record is delivered, or none (an aborted
     transaction fails them all)."""
@@ -168,7 +184,7 @@ def publish_batch_in_transaction(
     kafka = producer.producer
     try:
         kafka.begin_transaction()
-        if not produce_all(producer, events, reports):
+        if not produce_all(producer, events, reports, spans):
             return DeliveryReports(), True
         kafka.commit_transaction(timeout)
         kafka.flush(0)

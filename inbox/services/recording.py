@@ -13,6 +13,7 @@ import psycopg
 from django.conf import settings
 from django.db import connection
 from django.utils import timezone
+from opentelemetry import trace
 
 from inbox import metrics
 from inbox.errors import ConcurrentDelivery, ImproperlyConfiguredInbox, UnknownEventType
@@ -26,6 +27,8 @@ from inbox.services.offsets import (
     consumer_offsets_store,
 )
 from inbox.services.sequences import group_ordering, held_sequences
+from inbox.tracing import Outcome, end_span, process_span
+from project.tracing import active_tracer
 
 UNKNOWN_EVENT_TYPE_CHOICES = ("ignore", "fail")
 
@@ -339,6 +342,97 @@ def _message(
     return message
 
 
+@dataclass(slots=True)
+class _BatchContext:
+    group: str
+    now: dt.datetime
+    deduplicate: bool
+    ordered: bool
+    # Keys held (order per key): by an earlier batch's row, or by this batch's failures.
+    held: set[tuple[str, str]]
+    deadline: float | None
+
+
+def _record_row(
+    row: _Row,
+    before: _Existing | None,
+    result: BatchResult,
+    updates: list[tuple[int, *_State]],
+    context: _BatchContext,
+) -> tuple[str, BaseException | str | None]:
+    """Decides one row's state, running its handler when it is due to run; counts it in
+    `result`, and queues the update of a row that existed. Returns what became of it (and
+    the error of a failure), for its span."""
+    group, now, held, deadline = context.group, context.now, context.held, context.deadline
+    deduplicate, ordered = context.deduplicate, context.ordered
+    if before is None:
+        result.inserted += 1
+        result.duplicates += row.extra_deliveries
+    else:
+        result.duplicates += 1 + row.extra_deliveries
+    if row.entry is None:
+        if before is None:
+            result.poison += 1
+            return Outcome.POISON, row.last_error
+        return Outcome.DUPLICATE, None
+    sequence = (
+        (row.record.topic, row.record.key) if ordered and row.record.key is not None else None
+    )
+    # A duplicate runs nothing, unless deduplication is off (then it runs again, which is
+    # what exactly-once mode alone must make safe); one that waits for an operator, for
+    # its turn in its key, or for a retry of its key's head, waits on.
+    if before is not None and (
+        deduplicate or before.status in (FAILED, PARKED) or sequence in held
+    ):
+        return Outcome.DUPLICATE, None
+    attempts = 0 if before is None else before.attempts
+    outcome: tuple[str, BaseException | str | None]
+    if sequence in held:
+        result.parked += 1
+        state: _State = (PARKED, attempts, None, "", None)
+        outcome = (Outcome.PARKED, None)
+    elif deadline is not None and time.monotonic() > deadline:
+        result.deferred += 1
+        state = (PENDING, attempts, now, "", None)
+        outcome = (Outcome.DEFERRED, None)
+        if sequence is not None:
+            held.add(sequence)
+    else:
+        message = _message(
+            group=group,
+            record=row.record,
+            pk=row.pk,
+            attempts=attempts,
+            duplicates=row.extra_deliveries
+            if before is None
+            else before.duplicate_count + 1 + row.extra_deliveries,
+            now=now,
+        )
+        error, seconds = _run_handler(row.entry, message)
+        result.handler_seconds.append(seconds)
+        finished = timezone.now()
+        if error is None:
+            result.processed += 1
+            state = (DONE, attempts + 1, None, "", finished)
+            outcome = (Outcome.PROCESSED, None)
+            if row.record.published_at is not None:
+                result.consume_lag_seconds.append(
+                    (finished - row.record.published_at).total_seconds()
+                )
+        else:
+            result.failed += 1
+            status, next_attempt_at = _failure_state(attempts=attempts + 1, now=finished)
+            state = (status, attempts + 1, next_attempt_at, format_error(error), None)
+            outcome = (Outcome.FAILED, error)
+            if sequence is not None:
+                held.add(sequence)
+    if before is None:
+        row.status, row.attempts, row.next_attempt_at, row.last_error, row.processed_at = state
+    else:
+        updates.append((row.pk, *state))
+    return outcome
+
+
 def inbox_message_record_batch(
     *,
     group: str,
@@ -407,67 +501,30 @@ def inbox_message_record_batch(
 
     # Rows that existed and whose handler ran again (deduplication off): updated in place.
     updates: list[tuple[int, *_State]] = []
+    context = _BatchContext(
+        group=group,
+        now=now,
+        deduplicate=deduplicate,
+        ordered=ordered,
+        held=held,
+        deadline=deadline,
+    )
+    # A process span per row when tracing is on: asked once per batch.
+    tracer = active_tracer()
     for row in rows:
         before = existing.get(row.record.event_id)
-        if before is None:
-            result.inserted += 1
-            result.duplicates += row.extra_deliveries
-        else:
-            result.duplicates += 1 + row.extra_deliveries
-        if row.entry is None:
-            if before is None:
-                result.poison += 1
+        if tracer is None:
+            _record_row(row, before, result, updates, context)
             continue
-        sequence = (
-            (row.record.topic, row.record.key) if ordered and row.record.key is not None else None
-        )
-        # A duplicate runs nothing, unless deduplication is off (then it runs again, which is
-        # what exactly-once mode alone must make safe); one that waits for an operator, for
-        # its turn in its key, or for a retry of its key's head, waits on.
-        if before is not None and (
-            deduplicate or before.status in (FAILED, PARKED) or sequence in held
-        ):
-            continue
-        attempts = 0 if before is None else before.attempts
-        if sequence in held:
-            result.parked += 1
-            state: _State = (PARKED, attempts, None, "", None)
-        elif deadline is not None and time.monotonic() > deadline:
-            result.deferred += 1
-            state = (PENDING, attempts, now, "", None)
-            if sequence is not None:
-                held.add(sequence)
-        else:
-            message = _message(
-                group=group,
-                record=row.record,
-                pk=row.pk,
-                attempts=attempts,
-                duplicates=row.extra_deliveries
-                if before is None
-                else before.duplicate_count + 1 + row.extra_deliveries,
-                now=now,
-            )
-            error, seconds = _run_handler(row.entry, message)
-            result.handler_seconds.append(seconds)
-            finished = timezone.now()
-            if error is None:
-                result.processed += 1
-                state = (DONE, attempts + 1, None, "", finished)
-                if row.record.published_at is not None:
-                    result.consume_lag_seconds.append(
-                        (finished - row.record.published_at).total_seconds()
-                    )
-            else:
-                result.failed += 1
-                status, next_attempt_at = _failure_state(attempts=attempts + 1, now=finished)
-                state = (status, attempts + 1, next_attempt_at, format_error(error), None)
-                if sequence is not None:
-                    held.add(sequence)
-        if before is None:
-            row.status, row.attempts, row.next_attempt_at, row.last_error, row.processed_at = state
-        else:
-            updates.append((row.pk, *state))
+        span = process_span(tracer, group=group, record=row.record, duplicate=before is not None)
+        if row.extra_deliveries:
+            span.set_attribute("inbox.redeliveries", row.extra_deliveries)
+        outcome, error = Outcome.DUPLICATE, None
+        try:
+            with trace.use_span(span, end_on_exit=False):
+                outcome, error = _record_row(row, before, result, updates, context)
+        finally:
+            end_span(span, outcome=outcome, error=error)
     if rows:
         _insert(group=group, rows=rows, now=now)
     if updates:

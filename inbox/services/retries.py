@@ -6,14 +6,17 @@ from collections.abc import Sequence
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from opentelemetry import trace
 
 from inbox import metrics
 from inbox.errors import NoHandlerForRetry
 from inbox.models import InboxMessage
-from inbox.registry import HandlerRegistry, get_registry
+from inbox.registry import Handler, HandlerRegistry, get_registry
 from inbox.services.handler_runs import _run_handler, format_error
 from inbox.services.recording import PENDING, _failure_state
 from inbox.services.repairs import _replayable_failed
+from inbox.tracing import Outcome, end_span, retry_span
+from project.tracing import active_tracer
 
 
 def handler_run_again(
@@ -31,7 +34,7 @@ def handler_run_again(
         )
         seconds = 0.0
     else:
-        error, seconds = _run_handler(entry, message)
+        error, seconds = _run_traced(entry, message)
     finished = timezone.now()
     message.attempts += 1
     if error is None:
@@ -43,6 +46,23 @@ def handler_run_again(
         status, message.next_attempt_at = _failure_state(attempts=message.attempts, now=finished)
         message.status = InboxMessage.Status(status)
         message.last_error = format_error(error)
+    return error, seconds
+
+
+def _run_traced(entry: Handler, message: InboxMessage) -> tuple[BaseException | None, float]:
+    """Runs the handler, inside a span of its own when tracing is on: a new span (the first
+    run's trace ended long ago) linked to the event's creation context."""
+    tracer = active_tracer()
+    if tracer is None:
+        return _run_handler(entry, message)
+    span = retry_span(tracer, message=message)
+    outcome, error = Outcome.FAILED, None
+    try:
+        with trace.use_span(span, end_on_exit=False):
+            error, seconds = _run_handler(entry, message)
+        outcome = Outcome.PROCESSED if error is None else Outcome.FAILED
+    finally:
+        end_span(span, outcome=outcome, error=error)
     return error, seconds
 
 

@@ -25,7 +25,7 @@ from outbox.errors import (
 )
 from outbox.models import OutboxEvent
 from outbox.services.nudge import nudge_relay_on_commit
-from outbox.tracing import TRACEPARENT_HEADER, caller_traceparent
+from outbox.tracing import publish_span
 
 # Kafka's legal topic names: ASCII letters, digits, '.', '_' and '-', at most 249 characters.
 TOPIC_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
@@ -132,10 +132,6 @@ def _resolve_headers(headers: Mapping[str, Any] | None) -> dict[str, str]:
         if problem is not None:
             raise InvalidEvent(f"The header {name!r} {problem}.")
         resolved[name] = value
-    if TRACEPARENT_HEADER not in resolved:
-        traceparent = caller_traceparent()
-        if traceparent:
-            resolved[TRACEPARENT_HEADER] = traceparent
     return resolved
 
 
@@ -262,8 +258,12 @@ def outbox_event_publish(
     topic = _resolve_topic(topic, aggregate_type=aggregate_type, event_type=event_type)
     # One statement written by hand rather than Model.save(): publish() runs in the business
     # transaction of every caller, and save() costs about as much CPU again (the payload
-    # encoded twice more, the INSERT compiled each time).
-    with _publish_cursor() as cursor:
+    # encoded twice more, the INSERT compiled each time). The span (with an SDK) covers the
+    # insert; the headers stored get the event's creation context (outbox.tracing).
+    with (
+        publish_span(topic=topic, key=key, event_id=event_uuid, headers=resolved_headers),
+        _publish_cursor() as cursor,
+    ):
         if event_id is not None:
             cursor.execute(CLAIM_GIVEN_ID_SQL, {"id": event_uuid, "created_at": created_at})
             if cursor.rowcount == 0:

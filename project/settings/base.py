@@ -12,6 +12,7 @@ from project.settings.outbox import *  # noqa: F403
 from project.settings.schedule import *  # noqa: F403
 from project.settings.security import *  # noqa: F403
 from project.settings.spark import *  # noqa: F403
+from project.settings.tracing import *  # noqa: F403
 
 # Only for development: production.py requires a real SECRET_KEY from the environment.
 SECRET_KEY = env("SECRET_KEY", default="django-insecure-development-only-key-change-me")
@@ -117,9 +118,23 @@ STORAGES = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # A line written inside a span (the relay's send, a consumer's process) ends with its
+    # trace_id and span_id, to find the trace from the log and the log from the trace.
+    "filters": {"trace_context": {"()": "project.tracing.TraceContextFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s%(trace_context)s"}
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["trace_context"],
+        }
+    },
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
+    # django-axes announces its version at every process start (each relay, consumer and
+    # management command); its lock-outs and failed logins log under other names.
+    "loggers": {"axes.apps": {"level": "WARNING"}},
 }
 
 UNFOLD = {

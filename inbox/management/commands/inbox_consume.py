@@ -10,6 +10,7 @@ from inbox.checks import topic_retention_warnings
 from inbox.consumer import InboxConsumer
 from inbox.errors import NoHandlers
 from inbox.registry import get_registry
+from project.tracing import configure_tracing
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class Command(BaseCommand):
             )
         except NoHandlers as error:
             raise CommandError(str(error)) from error
+        configure_tracing(service_name="inbox-consumer")
 
         self._check_topic_retention(consumer.topics)
 

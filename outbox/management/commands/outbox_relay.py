@@ -20,6 +20,7 @@ from django.db import DatabaseError, connection
 from outbox.log_relay import LogRelay
 from outbox.producer import close_producers, get_producer
 from outbox.relay import transactional_id_for
+from project.tracing import configure_tracing
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class Command(BaseCommand):
         parser.add_argument("--batch-size", type=int, default=None)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        configure_tracing(service_name="outbox-relay")
         self.running = True
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)

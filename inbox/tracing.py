@@ -1,0 +1,110 @@
+"""Spans of the consumers (docs/tracing.md), after OpenTelemetry's messaging semantic
+conventions: a `process` span (kind CONSUMER) per record a group records, a child of the
+event's creation context (the record's W3C `traceparent` header, which the outbox stored when
+the event was published). The handler runs inside it, so what the handler publishes in turn
+belongs to the same trace. A handler run again by the retry task gets a new span of its own,
+linked to that creation context.
+
+Made only when project.tracing.active_tracer() gives a tracer (an SDK is configured): the
+consumer asks once per batch.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+from inbox.records import InboxRecord
+from project.tracing import context_from_headers
+
+if TYPE_CHECKING:
+    from inbox.models import InboxMessage
+
+MESSAGING_SYSTEM = "kafka"
+
+
+class Outcome:
+    """What became of a record, the `inbox.outcome` of its process span."""
+
+    PROCESSED = "processed"
+    FAILED = "failed"
+    # Recorded already by the group: counted, not run again.
+    DUPLICATE = "duplicate"
+    # Waits behind an earlier row of its key (order per key).
+    PARKED = "parked"
+    # Left for the retry task: the batch ran out of time.
+    DEFERRED = "deferred"
+    # No handler can ever run it (unreadable, or no handler for its type).
+    POISON = "poison"
+
+
+def _attributes(
+    *, group: str, topic: str, partition: int, offset: int, key: str | None, event_id: str
+) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "messaging.system": MESSAGING_SYSTEM,
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.destination.name": topic,
+        "messaging.destination.partition.id": str(partition),
+        "messaging.kafka.offset": offset,
+        "messaging.consumer.group.name": group,
+        "messaging.message.id": event_id,
+    }
+    if key is not None:
+        attributes["messaging.kafka.message.key"] = key
+    return attributes
+
+
+def process_span(
+    tracer: trace.Tracer, *, group: str, record: InboxRecord, duplicate: bool
+) -> trace.Span:
+    """The span of one record of a batch, not yet current: the caller makes it current
+    around the handler (trace.use_span) and ends it with end_span()."""
+    attributes = _attributes(
+        group=group,
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        key=record.key,
+        event_id=record.event_id,
+    )
+    attributes["inbox.duplicate"] = duplicate
+    return tracer.start_span(
+        f"process {record.topic}",
+        context=context_from_headers(record.headers),
+        kind=SpanKind.CONSUMER,
+        attributes=attributes,
+    )
+
+
+def retry_span(tracer: trace.Tracer, *, message: "InboxMessage") -> trace.Span:
+    """The span of a handler run again from a stored row: in the current context (the
+    retry task's), linked to the event's creation context, long past by now."""
+    attributes = _attributes(
+        group=message.consumer_group,
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
+        key=message.key,
+        event_id=message.event_id,
+    )
+    attributes["inbox.retry"] = True
+    attributes["inbox.attempt"] = message.attempts + 1
+    stored = context_from_headers(message.headers or {})
+    links = [] if stored is None else [Link(trace.get_current_span(stored).get_span_context())]
+    return tracer.start_span(
+        f"process {message.topic}", kind=SpanKind.CONSUMER, attributes=attributes, links=links
+    )
+
+
+def end_span(span: trace.Span, *, outcome: str, error: BaseException | str | None = None) -> None:
+    span.set_attribute("inbox.outcome", outcome)
+    if isinstance(error, BaseException):
+        span.record_exception(error)
+        span.set_attribute("error.type", f"{type(error).__module__}.{type(error).__qualname__}")
+        span.set_status(Status(StatusCode.ERROR, str(error)))
+    elif error:
+        span.set_attribute("error.type", error.split(":", 1)[0])
+        span.set_status(Status(StatusCode.ERROR, error))
+    span.end()

@@ -1,0 +1,19 @@
+"""OpenTelemetry tracing (docs/tracing.md): spans of publish, the relay and the consumers.
+
+The code makes its spans through opentelemetry-api only. A process records and exports them
+only when an exporter is asked for here; otherwise the API stays a no-op and costs nothing.
+The SDK itself reads the other standard variables: OTEL_TRACES_SAMPLER and
+OTEL_TRACES_SAMPLER_ARG, OTEL_RESOURCE_ATTRIBUTES, OTEL_BSP_* (the batch span processor) and
+OTEL_EXPORTER_OTLP_* (the OTLP exporter, when installed).
+"""
+
+from project.settings.environment import env
+
+# "none" (the default: no SDK, no spans), or any of "console" (spans printed as JSON on
+# stdout) and "otlp" (needs the opentelemetry-exporter-otlp package), comma-separated.
+TRACING_EXPORTERS: list[str] = env.list("OTEL_TRACES_EXPORTER", default=["none"])
+# The service.name of this process's spans; empty: each kind of process names itself
+# (web, celery, outbox-relay, inbox-consumer).
+TRACING_SERVICE_NAME = env("OTEL_SERVICE_NAME", default="")
+# The standard switch that turns the SDK off whatever else is set.
+TRACING_SDK_DISABLED = env.bool("OTEL_SDK_DISABLED", default=False)

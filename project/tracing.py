@@ -1,0 +1,165 @@
+"""OpenTelemetry for every process: the SDK set up at process start when the settings ask for
+an exporter (project/settings/tracing.py), the tracer the apps make their spans with, and the
+log filter that writes a line's trace and span ids.
+
+The apps make spans through opentelemetry-api only, and ask `active_tracer()` first: with no
+SDK configured it answers None, once per batch, and the relay and the consumers then do no
+per-event tracing work at all (their hot loops run tens of thousands of events a second).
+"""
+
+import logging
+import os
+import re
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+logger = logging.getLogger(__name__)
+
+# The instrumentation scope of the spans the apps make.
+INSTRUMENTATION_NAME = "django-outbox"
+SUPPORTED_EXPORTERS = frozenset({"none", "console", "otlp"})
+
+_lock = threading.Lock()
+# A provider given by use_tracer_provider(), in place of the global one.
+_override: trace.TracerProvider | None = None
+_tracers: dict[int, tuple[trace.TracerProvider, trace.Tracer]] = {}
+_configured_pid: int | None = None
+
+
+class TracingNotAvailable(Exception):
+    """The exporter asked for is not installed."""
+
+    code = "tracing_not_available"
+
+
+def use_tracer_provider(provider: trace.TracerProvider | None) -> None:
+    """Makes `provider` the one spans are made with in this process (None: the global one
+    again). OpenTelemetry's global provider can be set once per process; a test or a
+    benchmark that compares runs with and without an SDK swaps providers here instead."""
+    global _override
+    with _lock:
+        _override = provider
+        _tracers.clear()
+
+
+def _recording(provider: trace.TracerProvider) -> bool:
+    # The API's own providers make no spans: the proxy before an SDK is set, the no-op one.
+    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
+
+def active_tracer() -> trace.Tracer | None:
+    """The tracer to make spans with, or None when no SDK is configured (spans would be
+    no-ops): call once per batch, not per event."""
+    provider = _override or trace.get_tracer_provider()
+    if not _recording(provider):
+        return None
+    cached = _tracers.get(id(provider))
+    if cached is not None and cached[0] is provider:
+        return cached[1]
+    tracer = provider.get_tracer(INSTRUMENTATION_NAME)
+    _tracers[id(provider)] = (provider, tracer)
+    return tracer
+
+
+# A traceparent of version 00 without a tracestate is read here directly: the relay and the
+# consumers read one per event, and the propagator's general parse costs twice as much.
+SIMPLE_TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+W3C = TraceContextTextMapPropagator()
+
+
+def context_from_headers(headers: Mapping[str, str]) -> Context | None:
+    """The span context an event's or a record's headers carry (W3C traceparent and
+    tracestate), or None when they carry none that is valid."""
+    traceparent = headers.get("traceparent")
+    if not traceparent:
+        return None
+    match = SIMPLE_TRACEPARENT.match(traceparent)
+    if match is None or "tracestate" in headers:
+        context = W3C.extract(headers)
+        if not trace.get_current_span(context).get_span_context().is_valid:
+            return None
+        return context
+    trace_id, span_id = int(match.group(1), 16), int(match.group(2), 16)
+    if not trace_id or not span_id:
+        return None
+    span_context = trace.SpanContext(
+        trace_id, span_id, is_remote=True, trace_flags=trace.TraceFlags(int(match.group(3), 16))
+    )
+    return trace.set_span_in_context(trace.NonRecordingSpan(span_context))
+
+
+def configure_tracing(*, service_name: str) -> bool:
+    """Installs the SDK's tracer provider, with a batch span processor per exporter, when
+    OTEL_TRACES_EXPORTER names one; does nothing otherwise (the API stays a no-op). Call at
+    process start, once settings are loaded; a second call in the same process does nothing.
+    Returns whether spans are now exported."""
+    global _configured_pid
+    exporters = [name.strip().lower() for name in settings.TRACING_EXPORTERS if name.strip()]
+    if settings.TRACING_SDK_DISABLED or not exporters or exporters == ["none"]:
+        return False
+    unknown = sorted(set(exporters) - SUPPORTED_EXPORTERS)
+    if unknown:
+        raise TracingNotAvailable(
+            f"OTEL_TRACES_EXPORTER names {', '.join(unknown)}; this project exports spans "
+            "with 'console' or 'otlp' (or 'none')."
+        )
+    with _lock:
+        if _configured_pid is not None:
+            return True
+        # Imported here: a process that exports nothing never loads the SDK.
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+        provider = TracerProvider(
+            resource=Resource.create({SERVICE_NAME: settings.TRACING_SERVICE_NAME or service_name})
+        )
+        for name in exporters:
+            if name == "console":
+                provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+            elif name == "otlp":
+                provider.add_span_processor(BatchSpanProcessor(_otlp_exporter()))
+        trace.set_tracer_provider(provider)
+        _configured_pid = os.getpid()
+    logger.info("Tracing: spans of %s exported to %s", service_name, ", ".join(exporters))
+    return True
+
+
+def _otlp_exporter() -> "SpanExporter":
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found]
+            OTLPSpanExporter,
+        )
+    except ImportError as error:
+        raise TracingNotAvailable(
+            "OTEL_TRACES_EXPORTER=otlp needs the OTLP exporter: pip install "
+            "opentelemetry-exporter-otlp-proto-http (it reads OTEL_EXPORTER_OTLP_ENDPOINT)."
+        ) from error
+    exporter: SpanExporter = OTLPSpanExporter()
+    return exporter
+
+
+class TraceContextFilter(logging.Filter):
+    """Gives every log record `trace_id` and `span_id` (hex, empty outside a span) and
+    `trace_context`, the text a line ends with: " trace_id=... span_id=..." inside a
+    recording span, nothing outside one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        span_context = trace.get_current_span().get_span_context()
+        if span_context.is_valid:
+            trace_id = trace.format_trace_id(span_context.trace_id)
+            span_id = trace.format_span_id(span_context.span_id)
+            text = f" trace_id={trace_id} span_id={span_id}"
+        else:
+            trace_id = span_id = text = ""
+        record.__dict__.update(trace_id=trace_id, span_id=span_id, trace_context=text)
+        return True
