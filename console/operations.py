@@ -16,6 +16,7 @@ from analytics.models import AnalyticsRun, AnalyticsRunPermission
 from analytics.services import analytics_run_queue
 from console.audit import operator_action_add_progress, operator_action_record
 from console.models import OperatorAction
+from console.selectors import rows_counted_up_to
 from inbox.errors import InvalidTransition
 from inbox.models import InboxMessage, InboxMessagePermission
 from inbox.services.repairs import (
@@ -128,7 +129,7 @@ def bulk_action_count(queryset: QuerySet) -> int:
     """The rows a bulk action over `queryset` would touch (a dry run), refused as the action
     would be beyond CONSOLE_BULK_MAX_ROWS: counted no further than that."""
     limit = settings.CONSOLE_BULK_MAX_ROWS
-    count = int(queryset.order_by().values("pk")[: limit + 1].count())
+    count = rows_counted_up_to(queryset, limit=limit)
     if count > limit:
         _refuse_too_large(limit)
     return count

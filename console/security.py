@@ -1,5 +1,7 @@
 """The client address that login protection (django-axes) counts failures against."""
 
+import ipaddress
+
 from django.conf import settings
 from django.http import HttpRequest
 
@@ -19,4 +21,9 @@ def login_client_address(request: HttpRequest) -> str:
     ]
     if len(forwarded) < trusted_proxies:
         return remote_address
-    return forwarded[-trusted_proxies]
+    address = forwarded[-trusted_proxies]
+    try:
+        # axes stores it in an address column: "ip:port", "unknown" and the like are no address.
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return remote_address

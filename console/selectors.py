@@ -53,6 +53,12 @@ def table_row_estimate(table: str) -> int:
     return int(row[0]) if row and row[0] is not None else -1
 
 
+def rows_counted_up_to(queryset: QuerySet, *, limit: int) -> int:
+    """The rows `queryset` matches, counted no further than `limit` + 1: a count that tells
+    "more than `limit`" without scanning millions of rows."""
+    return int(queryset.order_by().values("pk")[: limit + 1].count())
+
+
 @dataclass(frozen=True)
 class StatusCounts:
     counts: dict[str, int]

@@ -15,12 +15,10 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from inbox.records import InboxRecord
-from project.tracing import context_from_headers
+from project.tracing import MESSAGING_SYSTEM, context_from_headers
 
 if TYPE_CHECKING:
     from inbox.models import InboxMessage
-
-MESSAGING_SYSTEM = "kafka"
 
 
 class Outcome:

@@ -26,9 +26,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from project.tracing import active_tracer, context_from_headers
+from project.tracing import MESSAGING_SYSTEM, W3C, active_tracer, context_from_headers
 
 if TYPE_CHECKING:
     from outbox.services.event_log import DeliveryRecord, LogEvent
@@ -37,14 +36,10 @@ TRACEPARENT_HEADER = "traceparent"
 TRACESTATE_HEADER = "tracestate"
 # version-traceid-parentid-flags, https://www.w3.org/TR/trace-context/#traceparent-header
 TRACEPARENT_PATTERN = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
-# Whatever OTEL_PROPAGATORS says, events carry W3C trace context: consumers read those headers.
-W3C = TraceContextTextMapPropagator()
 
 # A caller's traceparent set by hand (a worker that got it some other way); the active
 # OpenTelemetry span, when there is one, comes first.
 current_traceparent: ContextVar[str | None] = ContextVar("current_traceparent", default=None)
-
-MESSAGING_SYSTEM = "kafka"
 
 
 class Outcome:

@@ -73,7 +73,10 @@ def active_tracer() -> trace.Tracer | None:
 # A traceparent of version 00 without a tracestate is read here directly: the relay and the
 # consumers read one per event, and the propagator's general parse costs twice as much.
 SIMPLE_TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+# Whatever OTEL_PROPAGATORS says, events carry W3C trace context: consumers read those headers.
 W3C = TraceContextTextMapPropagator()
+# The messaging.system attribute of every span of publish, the relay and the consumers.
+MESSAGING_SYSTEM = "kafka"
 
 
 def context_from_headers(headers: Mapping[str, str]) -> Context | None:

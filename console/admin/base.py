@@ -26,7 +26,7 @@ from unfold.contrib.filters.admin import FieldTextFilter
 from unfold.decorators import display
 
 from console.operations import ConsoleError, bulk_action_run
-from console.selectors import table_row_estimate
+from console.selectors import rows_counted_up_to, table_row_estimate
 from inbox.errors import InboxError
 from outbox.errors import OutboxError
 
@@ -70,7 +70,7 @@ class EstimatedCountPaginator(Paginator):
                 estimate = table_row_estimate(queryset.model._meta.db_table)
                 if estimate > limit:
                     return estimate
-            return int(queryset.order_by().values("pk")[: limit + 1].count())
+            return rows_counted_up_to(queryset, limit=limit)
         return len(queryset)
 
     def page(self, number: Any) -> Page:
@@ -126,9 +126,10 @@ def lag_text(started: datetime | None, ended: datetime | None) -> str:
     # Clocks of two hosts (a publisher's, a consumer's) can make a lag a little negative.
     sign = "-" if seconds < 0 else ""
     seconds = abs(seconds)
-    if seconds < 1:
+    # Each unit is chosen by the value as it will be printed (0.99996 s is "1.00 s").
+    if round(seconds * 1000, 1) < 1000:
         return f"{sign}{seconds * 1000:.1f} ms"
-    if seconds < 60:
+    if round(seconds, 2) < 60:
         return f"{sign}{seconds:.2f} s"
     minutes, rest = divmod(round(seconds), 60)
     return f"{sign}{minutes} min {rest} s"
@@ -281,7 +282,7 @@ def _bounded_count(queryset: QuerySet) -> dict[str, Any]:
     """The rows `queryset` matches, counted exactly up to CONSOLE_COUNT_LIMIT: a filter that
     matches millions never costs a full COUNT(*) just to show a confirmation page."""
     limit = settings.CONSOLE_COUNT_LIMIT
-    count = int(queryset.order_by().values("pk")[: limit + 1].count())
+    count = rows_counted_up_to(queryset, limit=limit)
     return {"count": min(count, limit), "count_is_exact": count <= limit}
 
 

@@ -519,10 +519,15 @@ def inbox_message_record_batch(
         span = process_span(tracer, group=group, record=row.record, duplicate=before is not None)
         if row.extra_deliveries:
             span.set_attribute("inbox.redeliveries", row.extra_deliveries)
-        outcome, error = Outcome.DUPLICATE, None
+        outcome: str = Outcome.FAILED
+        error: BaseException | str | None = None
         try:
             with trace.use_span(span, end_on_exit=False):
                 outcome, error = _record_row(row, before, result, updates, context)
+        except BaseException as raised:
+            # The batch stops here; the span says why rather than "duplicate".
+            error = raised
+            raise
         finally:
             end_span(span, outcome=outcome, error=error)
     if rows:

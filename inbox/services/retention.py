@@ -23,14 +23,18 @@ def inbox_messages_purge_processed(
     deleted = 0
     for _ in range(max_batches):
         with transaction.atomic(), connection.cursor() as cursor:
+            # The batch is chosen once, in a MATERIALIZED CTE: as `id IN (subquery)` the
+            # planner may run the LIMIT subquery again per row of a nested loop, and a batch
+            # then deleted more than `batch_size` rows.
             cursor.execute(
                 """
-                DELETE FROM inbox_message WHERE id IN (
+                WITH batch AS MATERIALIZED (
                     SELECT id FROM inbox_message
                     WHERE status = %s AND processed_at < %s
                     ORDER BY processed_at LIMIT %s
                     FOR UPDATE SKIP LOCKED
                 )
+                DELETE FROM inbox_message USING batch WHERE inbox_message.id = batch.id
                 """,
                 [DONE, older_than, batch_size],
             )

@@ -56,11 +56,15 @@ def _run_traced(entry: Handler, message: InboxMessage) -> tuple[BaseException | 
     if tracer is None:
         return _run_handler(entry, message)
     span = retry_span(tracer, message=message)
-    outcome, error = Outcome.FAILED, None
+    outcome: str = Outcome.FAILED
+    error: BaseException | None = None
     try:
         with trace.use_span(span, end_on_exit=False):
             error, seconds = _run_handler(entry, message)
         outcome = Outcome.PROCESSED if error is None else Outcome.FAILED
+    except BaseException as raised:
+        error = raised
+        raise
     finally:
         end_span(span, outcome=outcome, error=error)
     return error, seconds

@@ -4,6 +4,7 @@ rest (django-rest-knox) and the Content-Security-Policy (django-csp). docs/secur
 from datetime import timedelta
 
 from csp.constants import NONCE, NONE, SELF
+from django.core.exceptions import ImproperlyConfigured
 
 from project.settings.environment import env
 
@@ -44,8 +45,13 @@ KNOX_TOKEN_MODEL = "console.ApiToken"  # noqa: S105 (a model name)
 # knox's own migrations create its default token table even when the model is swapped: the
 # app runs without them (its only model is replaced by ApiToken).
 MIGRATION_MODULES = {"knox": None}
+API_TOKEN_TTL_DAYS = env.int("API_TOKEN_TTL_DAYS", default=90)
+if not 1 <= API_TOKEN_TTL_DAYS <= 365:
+    raise ImproperlyConfigured(
+        f"API_TOKEN_TTL_DAYS is {API_TOKEN_TTL_DAYS}; a token lives 1 to 365 days."
+    )
 REST_KNOX = {
-    "TOKEN_TTL": timedelta(days=env.int("API_TOKEN_TTL_DAYS", default=90)),
+    "TOKEN_TTL": timedelta(days=API_TOKEN_TTL_DAYS),
     # A recognisable prefix lets secret scanners find a leaked token.
     "TOKEN_PREFIX": "console_",
     "AUTH_HEADER_PREFIX": "Token",

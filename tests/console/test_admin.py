@@ -456,7 +456,14 @@ def test_the_audit_log_is_readable_and_read_only(operator, make_event):
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(0.0123, "12.3 ms"), (1.2345, "1.23 s"), (125.4, "2 min 5 s"), (-0.002, "-2.0 ms")],
+    [
+        (0.0123, "12.3 ms"),
+        (0.99996, "1.00 s"),
+        (1.2345, "1.23 s"),
+        (59.996, "1 min 0 s"),
+        (125.4, "2 min 5 s"),
+        (-0.002, "-2.0 ms"),
+    ],
 )
 def test_a_lag_reads_in_the_unit_its_size_calls_for(seconds, text):
     from datetime import UTC, datetime, timedelta

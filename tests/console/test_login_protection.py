@@ -265,6 +265,12 @@ def test_a_header_with_fewer_entries_than_proxies_falls_back_to_the_connection(
     assert login_client_address(_request("10.0.0.1", forwarded)) == "10.0.0.1"
 
 
+@pytest.mark.parametrize("entry", ["203.0.113.9:4431", "unknown", "[2001:db8::1]"])
+def test_an_entry_that_is_no_address_falls_back_to_the_connection(settings, entry):
+    settings.LOGIN_TRUSTED_PROXY_COUNT = 1
+    assert login_client_address(_request("10.0.0.1", f"198.51.100.7, {entry}")) == "10.0.0.1"
+
+
 @pytest.mark.django_db
 def test_a_forged_forwarded_header_does_not_escape_an_address_lock_out(make_user, settings):
     assert settings.LOGIN_TRUSTED_PROXY_COUNT == 0, "the default"

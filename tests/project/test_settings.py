@@ -60,3 +60,10 @@ def test_production_closes_metrics_and_health_until_their_tokens_are_set():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "False"
+
+
+@pytest.mark.parametrize("days", ["0", "366"])
+def test_an_api_token_lifetime_beyond_a_year_stops_start_up(days):
+    result = manage("check", environment={"API_TOKEN_TTL_DAYS": days})
+    assert result.returncode != 0
+    assert f"API_TOKEN_TTL_DAYS is {days}; a token lives 1 to 365 days." in result.stderr

@@ -73,8 +73,15 @@ def test_an_exporter_that_cannot_be_had_stops_the_process_with_advice():
     assert "OTEL_TRACES_EXPORTER names zipkin" in unknown.stderr
 
 
+def _otlp_exporter_installed() -> bool:
+    try:
+        return importlib.util.find_spec("opentelemetry.exporter.otlp") is not None
+    except ModuleNotFoundError:  # not even the namespace package of exporters
+        return False
+
+
 @pytest.mark.skipif(
-    importlib.util.find_spec("opentelemetry.exporter") is not None,
+    _otlp_exporter_installed(),
     reason="an OTLP exporter is installed here",
 )
 def test_the_otlp_exporter_asks_for_its_package_when_it_is_not_installed():
