@@ -91,8 +91,8 @@ def browser(tmp_path: Path) -> Iterator[Any]:
 
 def log_in(browser: Any, base_url: str, username: str, password: str) -> None:
     """Logs in through the login page, and waits until the page it leads to is loaded."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
     browser.get(f"{base_url}/admin/login/")
@@ -100,8 +100,21 @@ def log_in(browser: Any, base_url: str, username: str, password: str) -> None:
     browser.find_element(By.NAME, "password").send_keys(password)
     login = browser.find_element(By.CSS_SELECTOR, "button[type=submit], input[type=submit]")
     login.click()
+
+    def left_the_login_page(_: Any) -> bool:
+        try:
+            login.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as error:
+            # Chromium's answer for a button whose document is being replaced, now and then.
+            if "does not belong to the document" in str(error):
+                return True
+            raise
+        return False
+
     # The next page load must not cut the login's own (a POST, then a redirect) short.
-    WebDriverWait(browser, 10).until(expected_conditions.staleness_of(login))
+    WebDriverWait(browser, 10).until(left_the_login_page)
 
 
 def page_report(browser: Any) -> dict[str, list[Any]]:
