@@ -12,7 +12,7 @@ import os
 import re
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.conf import settings
 from opentelemetry import trace
@@ -26,7 +26,12 @@ logger = logging.getLogger(__name__)
 
 # The instrumentation scope of the spans the apps make.
 INSTRUMENTATION_NAME = "django-outbox"
-SUPPORTED_EXPORTERS = frozenset({"none", "console", "otlp"})
+SUPPORTED_EXPORTERS = frozenset({"none", "console", "otlp", "zipkin"})
+# OpenTelemetry's instrumentations a configured process turns on (all installed by
+# requirements.txt), unless OTEL_PYTHON_DISABLED_INSTRUMENTATIONS names them: a span per
+# request (it becomes the parent of the events the request publishes), per SQL statement,
+# per Celery task.
+INSTRUMENTATIONS = ("django", "psycopg", "celery")
 
 _lock = threading.Lock()
 # A provider given by use_tracer_provider(), in place of the global one.
@@ -129,26 +134,81 @@ def configure_tracing(*, service_name: str) -> bool:
         for name in exporters:
             if name == "console":
                 provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
-            elif name == "otlp":
-                provider.add_span_processor(BatchSpanProcessor(_otlp_exporter()))
+            else:
+                provider.add_span_processor(BatchSpanProcessor(_exporter(name)))
         trace.set_tracer_provider(provider)
+        instrumented = _instrument(provider)
         _configured_pid = os.getpid()
-    logger.info("Tracing: spans of %s exported to %s", service_name, ", ".join(exporters))
+    logger.info(
+        "Tracing: spans of %s exported to %s; instrumented: %s",
+        service_name,
+        ", ".join(exporters),
+        ", ".join(instrumented) or "nothing",
+    )
     return True
 
 
-def _otlp_exporter() -> "SpanExporter":
+def _exporter(name: str) -> "SpanExporter":
+    """The OTLP (over HTTP) or Zipkin exporter; each reads its endpoint from the standard
+    variable, OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_ZIPKIN_ENDPOINT."""
     try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found]
-            OTLPSpanExporter,
-        )
+        if name == "otlp":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            return OTLPSpanExporter()
+        from opentelemetry.exporter.zipkin.json import ZipkinExporter
+
+        return ZipkinExporter()
     except ImportError as error:
+        package = {
+            "otlp": "opentelemetry-exporter-otlp-proto-http",
+            "zipkin": "opentelemetry-exporter-zipkin-json",
+        }[name]
         raise TracingNotAvailable(
-            "OTEL_TRACES_EXPORTER=otlp needs the OTLP exporter: pip install "
-            "opentelemetry-exporter-otlp-proto-http (it reads OTEL_EXPORTER_OTLP_ENDPOINT)."
+            f"OTEL_TRACES_EXPORTER={name} needs its exporter: pip install {package}."
         ) from error
-    exporter: SpanExporter = OTLPSpanExporter()
-    return exporter
+
+
+def _instrument(provider: trace.TracerProvider) -> list[str]:
+    """Turns on the instrumentations of INSTRUMENTATIONS that are installed and not disabled
+    by OTEL_PYTHON_DISABLED_INSTRUMENTATIONS; returns their names.
+
+    Before the WSGI application loads its middleware (project/wsgi.py), so that Django's
+    request span wraps every request; before the first connection, so that psycopg's
+    statements are spans."""
+    disabled = {name.strip() for name in settings.TRACING_DISABLED_INSTRUMENTATIONS}
+    turned_on = []
+    for name in INSTRUMENTATIONS:
+        if name in disabled or "*" in disabled:
+            continue
+        try:
+            instrumentor = _instrumentor(name)
+        except ImportError:
+            logger.warning("Tracing: the %s instrumentation is not installed", name)
+            continue
+        instrumentor.instrument(tracer_provider=provider)
+        turned_on.append(name)
+    return turned_on
+
+
+class _Instrumentor(Protocol):
+    """What is used of opentelemetry-instrumentation's BaseInstrumentor."""
+
+    def instrument(self, **kwargs: Any) -> None: ...
+
+
+def _instrumentor(name: str) -> _Instrumentor:
+    if name == "django":
+        from opentelemetry.instrumentation.django import DjangoInstrumentor
+
+        return DjangoInstrumentor()
+    if name == "psycopg":
+        from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
+
+        return PsycopgInstrumentor()
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+    return CeleryInstrumentor()
 
 
 class TraceContextFilter(logging.Filter):

@@ -10,10 +10,15 @@ OTEL_EXPORTER_OTLP_* (the OTLP exporter, when installed).
 from project.settings.environment import env
 
 # "none" (the default: no SDK, no spans), or any of "console" (spans printed as JSON on
-# stdout) and "otlp" (needs the opentelemetry-exporter-otlp package), comma-separated.
+# stdout), "otlp" (OTLP over HTTP, to OTEL_EXPORTER_OTLP_ENDPOINT) and "zipkin" (to
+# OTEL_EXPORTER_ZIPKIN_ENDPOINT), comma-separated.
 TRACING_EXPORTERS: list[str] = env.list("OTEL_TRACES_EXPORTER", default=["none"])
 # The service.name of this process's spans; empty: each kind of process names itself
 # (web, celery, outbox-relay, inbox-consumer).
 TRACING_SERVICE_NAME = env("OTEL_SERVICE_NAME", default="")
 # The standard switch that turns the SDK off whatever else is set.
 TRACING_SDK_DISABLED = env.bool("OTEL_SDK_DISABLED", default=False)
+# Instrumentations not to turn on when tracing: any of django, psycopg, celery (or *).
+TRACING_DISABLED_INSTRUMENTATIONS: list[str] = env.list(
+    "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", default=[]
+)

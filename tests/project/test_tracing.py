@@ -3,19 +3,30 @@
 Each case runs in a process of its own: OpenTelemetry's global tracer provider can be set
 once per process."""
 
-import importlib.util
+import ast
+import http.server
 import json
 import os
 import subprocess
 import sys
+import threading
+from typing import ClassVar
 
 import pytest
 from django.conf import settings
 
 # Sets tracing up as a process does at its start, makes one span and prints what it knows.
 PROBE = """
+import os
+import sys
+if os.environ.get("PROBE_BLOCKED_MODULE"):
+    sys.modules[os.environ["PROBE_BLOCKED_MODULE"]] = None
 import django
 django.setup()
+from django.conf import settings
+from opentelemetry.instrumentation.celery import CeleryInstrumentor
+from opentelemetry.instrumentation.django import DjangoInstrumentor
+from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
 from project.tracing import active_tracer, configure_tracing
 exported = configure_tracing(service_name="probe")
 tracer = active_tracer()
@@ -23,6 +34,13 @@ if tracer is not None:
     with tracer.start_as_current_span("probe span"):
         pass
 print("RESULT", exported, tracer is not None)
+print(
+    "INSTRUMENTED",
+    *(f"{name}={instrumentor().is_instrumented_by_opentelemetry}" for name, instrumentor in
+      (("django", DjangoInstrumentor), ("psycopg", PsycopgInstrumentor),
+       ("celery", CeleryInstrumentor))),
+)
+print("MIDDLEWARE", settings.MIDDLEWARE)
 """
 
 
@@ -39,14 +57,14 @@ def probe(**environment: str) -> subprocess.CompletedProcess[str]:
 
 
 def exported_span(output: str) -> dict:
-    # The batch span processor exports at the process's exit, after the RESULT line.
-    return json.loads(output.split("\n", 1)[1])
+    # The batch span processor exports at the process's exit, after the probe's lines.
+    return json.loads(output.split("\n", 3)[3])
 
 
 def test_by_default_no_sdk_is_set_up_and_no_span_is_made():
     result = probe()
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "RESULT False False"
+    assert result.stdout.startswith("RESULT False False\n")
 
 
 def test_the_console_exporter_prints_the_spans_of_the_named_service():
@@ -64,27 +82,99 @@ def test_otel_service_name_and_otel_sdk_disabled_are_obeyed():
     span = exported_span(named.stdout)
     assert span["resource"]["attributes"]["service.name"] == "payments"
     disabled = probe(OTEL_TRACES_EXPORTER="console", OTEL_SDK_DISABLED="true")
-    assert disabled.stdout.strip() == "RESULT False False"
+    assert disabled.stdout.startswith("RESULT False False\n")
 
 
-def test_an_exporter_that_cannot_be_had_stops_the_process_with_advice():
-    unknown = probe(OTEL_TRACES_EXPORTER="zipkin")
+def test_an_unknown_exporter_stops_the_process_with_advice():
+    unknown = probe(OTEL_TRACES_EXPORTER="jaeger")
     assert unknown.returncode != 0
-    assert "OTEL_TRACES_EXPORTER names zipkin" in unknown.stderr
+    assert "OTEL_TRACES_EXPORTER names jaeger" in unknown.stderr
 
 
-def _otlp_exporter_installed() -> bool:
-    try:
-        return importlib.util.find_spec("opentelemetry.exporter.otlp") is not None
-    except ModuleNotFoundError:  # not even the namespace package of exporters
-        return False
-
-
-@pytest.mark.skipif(
-    _otlp_exporter_installed(),
-    reason="an OTLP exporter is installed here",
+@pytest.mark.parametrize(
+    ("exporter", "module", "package"),
+    [
+        (
+            "otlp",
+            "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+            "opentelemetry-exporter-otlp-proto-http",
+        ),
+        ("zipkin", "opentelemetry.exporter.zipkin.json", "opentelemetry-exporter-zipkin-json"),
+    ],
 )
-def test_the_otlp_exporter_asks_for_its_package_when_it_is_not_installed():
-    result = probe(OTEL_TRACES_EXPORTER="otlp")
+def test_an_exporter_that_is_not_installed_stops_the_process_naming_its_package(
+    exporter, module, package
+):
+    # A module set to None in sys.modules cannot be imported: as if it were not installed.
+    result = probe(OTEL_TRACES_EXPORTER=exporter, PROBE_BLOCKED_MODULE=module)
     assert result.returncode != 0
-    assert "pip install opentelemetry-exporter-otlp-proto-http" in result.stderr
+    assert f"OTEL_TRACES_EXPORTER={exporter} needs its exporter: pip install {package}" in (
+        result.stderr
+    )
+
+
+class _Collector(http.server.BaseHTTPRequestHandler):
+    """Stands for an OpenTelemetry collector: keeps what is posted to it."""
+
+    posted: ClassVar[list[tuple[str, str, bytes]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.posted.append((self.path, self.headers["Content-Type"], body))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_the_otlp_exporter_posts_the_spans_to_the_configured_endpoint():
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    _Collector.posted.clear()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        result = probe(OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_ENDPOINT=endpoint)
+    finally:
+        server.shutdown()
+    assert result.returncode == 0, result.stderr
+    assert "RESULT True True" in result.stdout
+    [(path, content_type, body)] = _Collector.posted
+    assert (path, content_type) == ("/v1/traces", "application/x-protobuf")
+    request = ExportTraceServiceRequest.FromString(body)
+    [resource_spans] = request.resource_spans
+    service = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+    assert service["service.name"] == "probe"
+    assert [span.name for scope in resource_spans.scope_spans for span in scope.spans] == [
+        "probe span"
+    ]
+
+
+def test_a_traced_process_turns_on_the_django_psycopg_and_celery_instrumentations():
+    result = probe(OTEL_TRACES_EXPORTER="console")
+    assert result.returncode == 0, result.stderr
+    assert "INSTRUMENTED django=True psycopg=True celery=True" in result.stdout
+    middleware = ast.literal_eval(result.stdout.split("MIDDLEWARE ", 1)[1].split("\n")[0])
+    # First: the request's span is open around every other middleware.
+    assert middleware[0].startswith("opentelemetry.instrumentation.django.")
+
+
+def test_instrumentations_named_in_otel_python_disabled_instrumentations_stay_off():
+    result = probe(
+        OTEL_TRACES_EXPORTER="console", OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="psycopg,celery"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "INSTRUMENTED django=True psycopg=False celery=False" in result.stdout
+
+
+def test_an_untraced_process_turns_on_no_instrumentation():
+    result = probe()
+    assert result.returncode == 0, result.stderr
+    assert "INSTRUMENTED django=False psycopg=False celery=False" in result.stdout
