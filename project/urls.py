@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import RedirectView
@@ -14,3 +15,7 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     path("health/", health_view, name="health"),
 ]
+
+if settings.DEMO_ENABLED:
+    # The payments service's endpoint (demo/views.py): installed only with the demo.
+    urlpatterns.append(path("demo/", include("demo.urls")))
