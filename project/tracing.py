@@ -105,6 +105,14 @@ def context_from_headers(headers: Mapping[str, str]) -> Context | None:
     return trace.set_span_in_context(trace.NonRecordingSpan(span_context))
 
 
+def trace_id_from_headers(headers: Mapping[str, str] | None) -> str | None:
+    """The trace id (32 hex digits) of the context that headers carry, or None."""
+    context = context_from_headers(headers or {})
+    if context is None:
+        return None
+    return trace.format_trace_id(trace.get_current_span(context).get_span_context().trace_id)
+
+
 def configure_tracing(*, service_name: str) -> bool:
     """Installs the SDK's tracer provider, with a batch span processor per exporter, when
     OTEL_TRACES_EXPORTER names one; does nothing otherwise (the API stays a no-op). Call at

@@ -29,6 +29,7 @@ from console.operations import ConsoleError, bulk_action_run
 from console.selectors import rows_counted_up_to, table_row_estimate
 from inbox.errors import InboxError
 from outbox.errors import OutboxError
+from project.tracing import trace_id_from_headers
 
 
 class ReadOnlyModelAdmin(ModelAdmin):
@@ -150,6 +151,22 @@ def preformatted(value: str) -> str:
 
 
 STATUS_COLOURS = {"PENDING": "#b45309", "DONE": "#15803d", "FAILED": "#b91c1c"}
+
+
+def trace_link(headers: dict[str, str] | None) -> str | None:
+    """The trace id of the context the headers carry (the event's creation context), linked
+    to the tracing backend by CONSOLE_TRACE_URL_TEMPLATE when it is set; None without one."""
+    trace_id = trace_id_from_headers(headers)
+    if trace_id is None:
+        return None
+    template = settings.CONSOLE_TRACE_URL_TEMPLATE
+    if not template:
+        return trace_id
+    return format_html(
+        '<a href="{}" target="_blank" rel="noopener noreferrer">{}</a>',
+        template.format(trace_id=trace_id),
+        trace_id,
+    )
 
 
 def status_badge(status: str, *, discarded: bool = False) -> str:
@@ -363,6 +380,10 @@ class DeliveryAdmin(ReadOnlyModelAdmin):
     @display(description="Headers")
     def headers_json(self, row: Any) -> str:
         return pretty_json(row.headers)
+
+    @display(description="Trace")
+    def trace(self, row: Any) -> str | None:
+        return trace_link(row.headers)
 
     def row_status(self, row: Any) -> str:
         """The row's status as the detail actions' pages and messages name it."""

@@ -78,6 +78,7 @@ class InboxMessageAdmin(DeliveryAdmin):
                     "event_type",
                     "aggregate_type",
                     "aggregate_id",
+                    "trace",
                 )
             },
         ),

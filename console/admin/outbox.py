@@ -177,7 +177,17 @@ class OutboxEventAdmin(DeliveryAdmin):
     fieldsets = (
         (
             "Event",
-            {"fields": ("id", "event_type", "aggregate_type", "aggregate_id", "topic", "key")},
+            {
+                "fields": (
+                    "id",
+                    "event_type",
+                    "aggregate_type",
+                    "aggregate_id",
+                    "topic",
+                    "key",
+                    "trace",
+                )
+            },
         ),
         (
             "Delivery",

@@ -22,3 +22,7 @@ TRACING_SDK_DISABLED = env.bool("OTEL_SDK_DISABLED", default=False)
 TRACING_DISABLED_INSTRUMENTATIONS: list[str] = env.list(
     "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", default=[]
 )
+# The console's link from an event or a message to its trace in the tracing backend: a URL
+# with {trace_id} (32 hex digits), e.g. http://127.0.0.1:9411/zipkin/traces/{trace_id} for
+# Zipkin or https://jaeger.example.com/trace/{trace_id}. Empty: the trace id is shown as text.
+CONSOLE_TRACE_URL_TEMPLATE = env("CONSOLE_TRACE_URL_TEMPLATE", default="")
