@@ -9,6 +9,9 @@ Made only when project.tracing.active_tracer() gives a tracer (an SDK is configu
 consumer asks once per batch.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -106,3 +109,29 @@ def end_span(span: trace.Span, *, outcome: str, error: BaseException | str | Non
         span.set_attribute("error.type", error.split(":", 1)[0])
         span.set_status(Status(StatusCode.ERROR, error))
     span.end()
+
+
+@dataclass
+class SpanEnd:
+    """What the body run in a span (see `running_in`) says became of it."""
+
+    outcome: str = Outcome.FAILED
+    error: BaseException | str | None = None
+
+
+@contextmanager
+def running_in(span: trace.Span) -> Iterator[SpanEnd]:
+    """Makes `span` current while the body runs, then ends it with the outcome and error the
+    body set on the SpanEnd it is given. An exception that escapes the body (the batch stops
+    there) ends the span as failed with that exception, recorded once."""
+    end = SpanEnd()
+    try:
+        with trace.use_span(
+            span, end_on_exit=False, record_exception=False, set_status_on_exception=False
+        ):
+            yield end
+    except BaseException as raised:
+        end.outcome, end.error = Outcome.FAILED, raised
+        raise
+    finally:
+        end_span(span, outcome=end.outcome, error=end.error)

@@ -13,7 +13,6 @@ import psycopg
 from django.conf import settings
 from django.db import connection
 from django.utils import timezone
-from opentelemetry import trace
 
 from inbox import metrics
 from inbox.errors import ConcurrentDelivery, ImproperlyConfiguredInbox, UnknownEventType
@@ -27,7 +26,7 @@ from inbox.services.offsets import (
     consumer_offsets_store,
 )
 from inbox.services.sequences import group_ordering, held_sequences
-from inbox.tracing import Outcome, end_span, process_span
+from inbox.tracing import Outcome, process_span, running_in
 from project.tracing import active_tracer
 
 UNKNOWN_EVENT_TYPE_CHOICES = ("ignore", "fail")
@@ -519,17 +518,8 @@ def inbox_message_record_batch(
         span = process_span(tracer, group=group, record=row.record, duplicate=before is not None)
         if row.extra_deliveries:
             span.set_attribute("inbox.redeliveries", row.extra_deliveries)
-        outcome: str = Outcome.FAILED
-        error: BaseException | str | None = None
-        try:
-            with trace.use_span(span, end_on_exit=False):
-                outcome, error = _record_row(row, before, result, updates, context)
-        except BaseException as raised:
-            # The batch stops here; the span says why rather than "duplicate".
-            error = raised
-            raise
-        finally:
-            end_span(span, outcome=outcome, error=error)
+        with running_in(span) as end:
+            end.outcome, end.error = _record_row(row, before, result, updates, context)
     if rows:
         _insert(group=group, rows=rows, now=now)
     if updates:

@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from opentelemetry import trace
 
 from inbox import metrics
 from inbox.errors import NoHandlerForRetry
@@ -15,7 +14,7 @@ from inbox.registry import Handler, HandlerRegistry, get_registry
 from inbox.services.handler_runs import _run_handler, format_error
 from inbox.services.recording import PENDING, _failure_state
 from inbox.services.repairs import _replayable_failed
-from inbox.tracing import Outcome, end_span, retry_span
+from inbox.tracing import Outcome, retry_span, running_in
 from project.tracing import active_tracer
 
 
@@ -55,18 +54,10 @@ def _run_traced(entry: Handler, message: InboxMessage) -> tuple[BaseException | 
     tracer = active_tracer()
     if tracer is None:
         return _run_handler(entry, message)
-    span = retry_span(tracer, message=message)
-    outcome: str = Outcome.FAILED
-    error: BaseException | None = None
-    try:
-        with trace.use_span(span, end_on_exit=False):
-            error, seconds = _run_handler(entry, message)
-        outcome = Outcome.PROCESSED if error is None else Outcome.FAILED
-    except BaseException as raised:
-        error = raised
-        raise
-    finally:
-        end_span(span, outcome=outcome, error=error)
+    with running_in(retry_span(tracer, message=message)) as end:
+        error, seconds = _run_handler(entry, message)
+        end.outcome = Outcome.PROCESSED if error is None else Outcome.FAILED
+        end.error = error
     return error, seconds
 
 

@@ -278,3 +278,29 @@ def test_without_an_sdk_the_consumer_and_its_retries_make_no_span_and_work(
     assert inbox_messages_retry_due(limit=10)["done"] == 1
     assert set(InboxMessage.objects.values_list("status", flat=True)) == {"DONE"}
     assert uuid.UUID(InboxMessage.objects.first().event_id)
+
+
+def test_a_span_run_in_ends_with_the_bodys_outcome_or_once_with_an_escaping_exception():
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from inbox.tracing import running_in
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+
+    with running_in(tracer.start_span("kept")) as end:
+        end.outcome = "parked"
+    with pytest.raises(KeyError), running_in(tracer.start_span("stopped")):
+        raise KeyError("the batch stops here")
+    kept, stopped = exporter.get_finished_spans()
+    assert kept.attributes["inbox.outcome"] == "parked"
+    assert kept.status.status_code is StatusCode.UNSET
+    assert stopped.attributes["inbox.outcome"] == "failed"
+    assert stopped.attributes["error.type"] == "builtins.KeyError"
+    assert stopped.status.status_code is StatusCode.ERROR
+    [exception] = stopped.events
+    assert exception.attributes["exception.type"] == "KeyError"
