@@ -13,6 +13,7 @@ $(VENV)/.installed: requirements.txt
 
 venv: $(VENV)/.installed
 
+# TRACING=1 (in the environment or on make's command line) starts Zipkin as well.
 services-up:
 	@scripts/services.sh up
 
@@ -22,12 +23,15 @@ services-down:
 services-status:
 	@scripts/services.sh status
 
+# `make run TRACING=1`: Zipkin too, and every process exports its spans to it.
 run: venv spark-jars
 	@scripts/run.sh
 
-# browser-deps has installed Chromium: the browser test must run, not be skipped.
-test: venv services-up spark-jars browser-deps
-	E2E_BROWSER_REQUIRED=1 $(BIN)/pytest $(PYTEST_ARGS)
+# browser-deps has installed Chromium: the browser test must run, not be skipped. The services
+# with Zipkin: tests read the traces the processes they start export.
+test: venv spark-jars browser-deps
+	@TRACING=1 scripts/services.sh up
+	E2E_BROWSER_REQUIRED=1 TRACING_BACKEND_REQUIRED=1 $(BIN)/pytest $(PYTEST_ARGS)
 
 # The PostgreSQL JDBC driver and spark-sql-kafka for the analytics job, into .local/spark-jars.
 spark-jars:
@@ -39,16 +43,20 @@ BENCH_EVENTS ?= 1000000
 bench-analytics: venv services-up spark-jars
 	$(BIN)/python benchmarks/analytics_bench.py --events $(BENCH_EVENTS)
 
-# One inbox consumer process: 100k events of 1 KB on 6 partitions, rates on new events, on
-# duplicates and of a naive per-message-commit consumer. BENCH_INBOX_ARGS="--events 20000".
 # Outbox (about 15 minutes): raw producer and relay rates, publish lag under load, then the
 # targets of issue 22: key skew, a held snapshot, WAL per event, one key; in the database
 # <dev db>_bench, recreated each run. BENCH_OUTBOX_ARGS="--only skew --only wal" runs parts;
 # `benchmarks/outbox_bench.py --help` gives the size options for a short run.
+# "--tracing" adds to the rates the relay with tracing off and on (events/s, CPU µs/event,
+# their ratios); BENCH_OUTBOX_ARGS="--only rates --tracing" runs only those rates.
 .PHONY: bench-outbox
 bench-outbox: venv services-up
 	$(BIN)/python benchmarks/outbox_bench.py $(BENCH_OUTBOX_ARGS)
 
+# One inbox consumer process: 100k events of 1 KB on 6 partitions, rates on new events, on
+# duplicates and of a naive per-message-commit consumer, then order per key and one held key.
+# BENCH_INBOX_ARGS="--only rates --events 20000" runs a part; "--tracing" adds the consumer
+# with tracing off and on (events/s, CPU µs/event, their ratios, the process spans exported).
 .PHONY: bench-inbox
 bench-inbox: venv services-up
 	$(BIN)/python benchmarks/inbox_bench.py $(BENCH_INBOX_ARGS)

@@ -10,6 +10,20 @@ RUN_HOST="${RUN_HOST:-127.0.0.1}"
 RUN_PORT="${RUN_PORT:-8000}"
 ADMIN_USERNAME="${ADMIN_USERNAME:-admin}"
 export DJANGO_SETTINGS_MODULE="${DJANGO_SETTINGS_MODULE:-project.settings.local}"
+ZIPKIN_PORT="${ZIPKIN_PORT:-9411}"
+
+# TRACING=1 (`make run TRACING=1`): services.sh starts Zipkin too, and every process below
+# exports its spans to it, unless the OpenTelemetry variables already say otherwise.
+tracing="${TRACING:-}"
+if [[ "${tracing,,}" =~ ^(1|true|yes)$ ]]; then
+  tracing=1
+  export OTEL_TRACES_EXPORTER="${OTEL_TRACES_EXPORTER:-zipkin}"
+  export OTEL_EXPORTER_ZIPKIN_ENDPOINT="${OTEL_EXPORTER_ZIPKIN_ENDPOINT:-http://127.0.0.1:$ZIPKIN_PORT/api/v2/spans}"
+  # The console's event and message pages link to their trace in Zipkin's UI.
+  export CONSOLE_TRACE_URL_TEMPLATE="${CONSOLE_TRACE_URL_TEMPLATE:-http://127.0.0.1:$ZIPKIN_PORT/zipkin/traces/{trace_id}}"
+else
+  tracing=""
+fi
 
 scripts/services.sh up
 "$BIN/python" manage.py migrate --noinput
@@ -69,7 +83,8 @@ cat <<MSG
   Admin:    http://$RUN_HOST:$RUN_PORT/admin/   (the console's dashboard)
   API:      http://$RUN_HOST:$RUN_PORT/api/docs/   /metrics   /health/
   User:     $ADMIN_USERNAME
-  Password: $ADMIN_PASSWORD ($password_note)
+  Password: $ADMIN_PASSWORD ($password_note)${tracing:+
+  Traces:   http://127.0.0.1:$ZIPKIN_PORT/zipkin/}
 
 Press Ctrl-C to stop.
 MSG

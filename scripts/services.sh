@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Local PostgreSQL, Redis and Apache Kafka (KRaft) without Docker.
+# Local PostgreSQL, Redis and Apache Kafka (KRaft) without Docker; with TRACING=1, a Zipkin
+# server for the traces too.
 #
 #   scripts/services.sh up|down|status
+#   scripts/services.sh zipkin-up | zipkin-down     Zipkin alone (zipkin-up needs no TRACING)
 #   Fault tests act on one part at a time:
 #   scripts/services.sh kafka-stop N | kafka-kill N | kafka-start N | kafka-pause N | kafka-resume N
 #   scripts/services.sh postgres-crash | postgres-start | redis-stop | redis-start
 #
 # For each service: if something already answers at the configured address it is used
-# as it is; otherwise the service is installed (Debian packages, or Kafka's jars from
-# Maven Central) and started on loopback with its data under .local/, which git ignores.
+# as it is; otherwise the service is installed (Debian packages, or Kafka's jars and Zipkin's
+# exec jar from Maven Central) and started on loopback with its data under .local/, which git
+# ignores.
 # Running `up` twice changes nothing.
 #
 # Environment (the same variables the Django settings read):
@@ -21,6 +24,12 @@
 #   KAFKA_BOOTSTRAP_SERVERS  derived from KAFKA_BROKERS when unset
 #   KAFKA_PORT_BASE          9091: broker N listens on KAFKA_PORT_BASE+N
 #   KAFKA_CONTROLLER_PORT_BASE 29091: its controller on KAFKA_CONTROLLER_PORT_BASE+N
+#   TRACING                  1, true or yes: `up` starts Zipkin as well (`down` and `status`
+#                            cover it whatever TRACING says)
+#   ZIPKIN_PORT              9411: Zipkin's API, UI (/zipkin/) and span collector
+#                            (/api/v2/spans) on 127.0.0.1
+#   ZIPKIN_HEAP              -Xms64m -Xmx512m: its JVM's heap options
+#   ZIPKIN_MAX_SPANS         100000: spans kept in memory (the oldest traces go first)
 #   LOCAL_DIR                .local: data and logs; a second set of services (other ports,
 #                            another LOCAL_DIR) can run beside the first, e.g. for fault tests
 set -euo pipefail
@@ -217,10 +226,10 @@ redis_status() {
 # --- Apache Kafka (KRaft) ----------------------------------------------------------------
 
 require_java() {
-  command -v java >/dev/null || die "java not found: Apache Kafka needs Java 17 (Debian: apt-get install openjdk-17-jre-headless)"
+  command -v java >/dev/null || die "java not found: Apache Kafka and Zipkin need Java 17 (Debian: apt-get install openjdk-17-jre-headless)"
   local major
   major="$(java -version 2>&1 | sed -n 's/.* version "\([0-9]*\).*/\1/p' | head -n 1)"
-  ((${major:-0} >= 17)) || die "Apache Kafka 4 needs Java 17 or newer; 'java -version' says: $(java -version 2>&1 | head -n 1)"
+  ((${major:-0} >= 17)) || die "Apache Kafka 4 and Zipkin 3 need Java 17 or newer; 'java -version' says: $(java -version 2>&1 | head -n 1)"
 }
 
 kafka_version() { sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$PROJECT_DIR/scripts/kafka/pom.xml"; }
@@ -419,6 +428,140 @@ kafka_status() {
   ((healthy))
 }
 
+# --- Zipkin (traces) ---------------------------------------------------------------------
+
+ZIPKIN_VERSION=3.6.1
+ZIPKIN_PORT="${ZIPKIN_PORT:-9411}"
+ZIPKIN_HEAP="${ZIPKIN_HEAP:--Xms64m -Xmx512m}"
+# Zipkin's default, 500,000, outgrows the heap: a traced `make run` with its demo traffic
+# makes about 15 spans a payment (the SQL statements' among them).
+ZIPKIN_MAX_SPANS="${ZIPKIN_MAX_SPANS:-100000}"
+ZIPKIN_DIR="$LOCAL_DIR/zipkin"
+ZIPKIN_JAR="$ZIPKIN_DIR/zipkin-server-$ZIPKIN_VERSION-exec.jar"
+ZIPKIN_JAR_URL="https://repo1.maven.org/maven2/io/zipkin/zipkin-server/$ZIPKIN_VERSION/zipkin-server-$ZIPKIN_VERSION-exec.jar"
+ZIPKIN_PIDFILE="$ZIPKIN_DIR/zipkin.pid"
+ZIPKIN_LOG="$ZIPKIN_DIR/zipkin.log"
+
+tracing_enabled() { local tracing="${TRACING:-}"; [[ "${tracing,,}" =~ ^(1|true|yes)$ ]]; }
+
+zipkin_fetch() {
+  [[ -f "$ZIPKIN_JAR" ]] && return
+  command -v curl >/dev/null || die "curl not found: Zipkin's jar is fetched from Maven Central with curl (Debian: apt-get install curl)"
+  mkdir -p "$ZIPKIN_DIR"
+  log zipkin "fetching Zipkin $ZIPKIN_VERSION from Maven Central"
+  local expected actual
+  expected="$(curl -fsSL --retry 3 "$ZIPKIN_JAR_URL.sha1")" || die "could not fetch $ZIPKIN_JAR_URL.sha1"
+  expected="${expected%% *}"
+  [[ "$expected" =~ ^[0-9a-f]{40}$ ]] || die "$ZIPKIN_JAR_URL.sha1 holds no SHA-1: '$expected'"
+  # A temporary name, so that an interrupted download is never taken for the jar.
+  curl -fsSL --retry 3 -o "$ZIPKIN_JAR.tmp" "$ZIPKIN_JAR_URL" || { rm -f "$ZIPKIN_JAR.tmp"; die "could not fetch $ZIPKIN_JAR_URL"; }
+  actual="$(sha1sum "$ZIPKIN_JAR.tmp" | cut -d ' ' -f 1)"
+  if [[ "$actual" != "$expected" ]]; then
+    rm -f "$ZIPKIN_JAR.tmp"
+    die "the Zipkin jar from $ZIPKIN_JAR_URL has SHA-1 $actual; Maven Central publishes $expected"
+  fi
+  mv "$ZIPKIN_JAR.tmp" "$ZIPKIN_JAR"
+}
+
+zipkin_pid() { cat "$ZIPKIN_PIDFILE" 2>/dev/null || true; }
+
+# Whether the Zipkin this LOCAL_DIR started runs: its pid is alive and is still a Zipkin of
+# this folder (a pid file left by a Zipkin that died may name another process by now).
+zipkin_running() {
+  local pid; pid="$(zipkin_pid)"
+  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null \
+    && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "$ZIPKIN_DIR/zipkin-server-"
+}
+
+zipkin_ready() {
+  [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://127.0.0.1:$ZIPKIN_PORT/health")" == 200 ]]
+}
+
+zipkin_started() {
+  zipkin_running || die "Zipkin exited while starting; the end of $ZIPKIN_LOG: $(tail -n 5 "$ZIPKIN_LOG" 2>/dev/null)"
+  zipkin_ready
+}
+
+zipkin_up() {
+  if zipkin_running; then
+    wait_for zipkin zipkin_started
+    log zipkin "running at http://127.0.0.1:$ZIPKIN_PORT (pid $(zipkin_pid))"
+    return
+  fi
+  if port_open 127.0.0.1 "$ZIPKIN_PORT"; then
+    zipkin_ready || die "something answers at 127.0.0.1:$ZIPKIN_PORT, but not GET /health with 200: no Zipkin? Set ZIPKIN_PORT to a free port"
+    log zipkin "already answering at 127.0.0.1:$ZIPKIN_PORT; using it"
+    return
+  fi
+  require_java
+  command -v setsid >/dev/null || die "setsid not found (Debian: apt-get install util-linux)"
+  zipkin_fetch
+  local started=$SECONDS
+  rm -f "$ZIPKIN_PIDFILE"
+  : >"$ZIPKIN_LOG"
+  # In its own session, so that Ctrl-C in the terminal that ran `make run` leaves it running,
+  # as the other services keep running. The shell that writes the pid file execs into Java,
+  # so the file holds Java's pid. An empty environment besides PATH and HOME: Zipkin (Spring
+  # Boot) reads any variable that names one of its settings, and turns on a collector for each
+  # of KAFKA_BOOTSTRAP_SERVERS, RABBIT_URI, ACTIVEMQ_URL... it finds. This project sets the
+  # first for itself, and Zipkin would consume (and create) a topic `zipkin` in our Kafka.
+  # The listener is given whole (address, port, protocol) to bind loopback only.
+  # shellcheck disable=SC2016,SC2086  # $0 and $@ are the inner shell's; ZIPKIN_HEAP holds several options
+  setsid env -i PATH="$PATH" HOME="${HOME:-/}" STORAGE_TYPE=mem MEM_MAX_SPANS="$ZIPKIN_MAX_SPANS" \
+    QUERY_PORT="$ZIPKIN_PORT" \
+    bash -c 'echo $$ >"$0"; exec java "$@"' "$ZIPKIN_PIDFILE" \
+    $ZIPKIN_HEAP -jar "$ZIPKIN_JAR" \
+    '--armeria.ports[0].ip=127.0.0.1' "--armeria.ports[0].port=$ZIPKIN_PORT" \
+    '--armeria.ports[0].protocols[0]=http' \
+    </dev/null >>"$ZIPKIN_LOG" 2>&1 &
+  # The pid file exists once the inner shell has run; until then zipkin_running is false.
+  local deadline=$((SECONDS + 10))
+  until [[ -s "$ZIPKIN_PIDFILE" ]]; do
+    ((SECONDS < deadline)) || die "Zipkin did not start (no pid in $ZIPKIN_PIDFILE); see $ZIPKIN_LOG"
+    sleep 0.1
+  done
+  wait_for zipkin zipkin_started
+  log zipkin "Zipkin $ZIPKIN_VERSION started at http://127.0.0.1:$ZIPKIN_PORT in $((SECONDS - started))s (pid $(zipkin_pid); UI /zipkin/, log $ZIPKIN_LOG)"
+}
+
+# SIGTERM, and SIGKILL if Zipkin is still there after WAIT_SECONDS.
+zipkin_down() {
+  if ! zipkin_running; then
+    rm -f "$ZIPKIN_PIDFILE"
+    log zipkin "not started by this project"
+    return
+  fi
+  local pid forced=0 deadline=$((SECONDS + WAIT_SECONDS))
+  pid="$(zipkin_pid)"
+  kill -TERM "$pid"
+  while kill -0 "$pid" 2>/dev/null; do
+    if ((SECONDS >= deadline && ! forced)); then
+      kill -KILL "$pid" 2>/dev/null || true
+      forced=1
+    fi
+    sleep 0.2
+  done
+  rm -f "$ZIPKIN_PIDFILE"
+  if ((forced)); then log zipkin "stopped (SIGTERM ignored for ${WAIT_SECONDS}s, then SIGKILL)"; else log zipkin stopped; fi
+}
+
+# Down is a failure only when TRACING asks for Zipkin.
+zipkin_status() {
+  if zipkin_running; then
+    if zipkin_ready; then
+      log zipkin "running at http://127.0.0.1:$ZIPKIN_PORT (pid $(zipkin_pid))"
+    else
+      log zipkin "starting at http://127.0.0.1:$ZIPKIN_PORT (pid $(zipkin_pid)), not healthy yet"
+      return 1
+    fi
+  elif zipkin_ready; then
+    log zipkin "running at http://127.0.0.1:$ZIPKIN_PORT (not started by this project)"
+  else
+    log zipkin "not running (TRACING=1 starts it)"
+    ! tracing_enabled
+  fi
+}
+
 # --- entry point -------------------------------------------------------------------------
 
 command="${1:-}"
@@ -428,8 +571,10 @@ case "$command" in
     postgres_up
     redis_up
     kafka_up
+    if tracing_enabled; then zipkin_up; fi
     ;;
   down)
+    zipkin_down
     kafka_down
     redis_down
     postgres_down
@@ -439,8 +584,14 @@ case "$command" in
     postgres_status || status=1
     redis_status || status=1
     kafka_status || status=1
+    zipkin_status || status=1
     exit "$status"
     ;;
+  zipkin-up)
+    mkdir -p "$LOCAL_DIR"
+    zipkin_up
+    ;;
+  zipkin-down) zipkin_down ;;
   kafka-start)
     # A restart: the broker must be down. Reports its new pid.
     kafka_start_node "${2:?broker number}" restart
@@ -480,7 +631,7 @@ case "$command" in
   redis-stop) redis_down ;;
   redis-start) redis_up ;;
   *)
-    echo "usage: $0 up|down|status|kafka-start N|kafka-stop N|kafka-kill N|kafka-pause N|kafka-resume N|postgres-crash|postgres-start|redis-stop|redis-start" >&2
+    echo "usage: $0 up|down|status|kafka-start N|kafka-stop N|kafka-kill N|kafka-pause N|kafka-resume N|postgres-crash|postgres-start|redis-stop|redis-start|zipkin-up|zipkin-down" >&2
     exit 2
     ;;
 esac

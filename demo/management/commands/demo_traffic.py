@@ -14,6 +14,7 @@ from demo.services import demo_duplicate_send, payment_complete
 from outbox.models import OutboxEvent
 from outbox.selectors import outbox_events_with_delivery
 from project.kafka import kafka_connection_config
+from project.tracing import configure_tracing
 
 TOPIC_PARTITIONS = 3
 # Duplicates are sent of the latest this many published events.
@@ -44,6 +45,9 @@ class Command(BaseCommand):
                 f"The rate must be above 0 payments per second, got {rate} (--rate or "
                 "DEMO_RATE); set DEMO_ENABLED=false to switch the demo off."
             )
+        # Each payment's create span is the root of its trace (POST /demo/payments/ starts
+        # one from an HTTP request instead).
+        configure_tracing(service_name="demo-traffic")
         duplicate_rate = (
             settings.DEMO_DUPLICATE_RATE
             if options["duplicate_rate"] is None
