@@ -11,7 +11,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django.conf import settings
@@ -21,6 +21,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.sdk.trace.sampling import Sampler
+    from opentelemetry.util.types import Attributes
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +34,9 @@ SUPPORTED_EXPORTERS = frozenset({"none", "console", "otlp", "zipkin"})
 # request (it becomes the parent of the events the request publishes), per SQL statement,
 # per Celery task.
 INSTRUMENTATIONS = ("django", "psycopg", "celery")
+# Requests Django's instrumentation leaves untraced, unless OTEL_PYTHON_DJANGO_EXCLUDED_URLS
+# (or OTEL_PYTHON_EXCLUDED_URLS) says otherwise: regular expressions searched in the URL.
+UNTRACED_URLS = "/metrics$,/health/$"
 
 _lock = threading.Lock()
 # A provider given by use_tracer_provider(), in place of the global one.
@@ -137,7 +142,8 @@ def configure_tracing(*, service_name: str) -> bool:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
         provider = TracerProvider(
-            resource=Resource.create({SERVICE_NAME: settings.TRACING_SERVICE_NAME or service_name})
+            resource=Resource.create({SERVICE_NAME: settings.TRACING_SERVICE_NAME or service_name}),
+            sampler=_client_spans_within_traces(),
         )
         for name in exporters:
             if name == "console":
@@ -154,6 +160,44 @@ def configure_tracing(*, service_name: str) -> bool:
         ", ".join(instrumented) or "nothing",
     )
     return True
+
+
+def _client_spans_within_traces() -> "Sampler":
+    """The sampler OTEL_TRACES_SAMPLER configures, except that a CLIENT span without a parent
+    is dropped: an SQL statement is recorded as a part of a trace (a request, a handler, a
+    Celery task), never as a trace of its own. The relay and the consumers poll the database
+    several times a second outside any span; each statement would otherwise be a trace."""
+    from opentelemetry.sdk.trace.sampling import (
+        Decision,
+        Sampler,
+        SamplingResult,
+        _get_from_env_or_default,
+    )
+
+    configured = _get_from_env_or_default()
+
+    class ClientSpansWithinTraces(Sampler):
+        def should_sample(
+            self,
+            parent_context: Context | None,
+            trace_id: int,
+            name: str,
+            kind: trace.SpanKind | None = None,
+            attributes: "Attributes" = None,
+            links: Sequence[trace.Link] | None = None,
+            trace_state: trace.TraceState | None = None,
+        ) -> SamplingResult:
+            parent = trace.get_current_span(parent_context).get_span_context()
+            if kind is trace.SpanKind.CLIENT and not parent.is_valid:
+                return SamplingResult(Decision.DROP)
+            return configured.should_sample(
+                parent_context, trace_id, name, kind, attributes, links, trace_state
+            )
+
+        def get_description(self) -> str:
+            return f"ClientSpansWithinTraces{{{configured.get_description()}}}"
+
+    return ClientSpansWithinTraces()
 
 
 def _exporter(name: str) -> "SpanExporter":
@@ -194,7 +238,11 @@ def _instrument(provider: trace.TracerProvider) -> list[str]:
         except ImportError:
             logger.warning("Tracing: the %s instrumentation is not installed", name)
             continue
-        instrumentor.instrument(tracer_provider=provider)
+        options: dict[str, Any] = {"tracer_provider": provider}
+        if name == "django" and not settings.TRACING_DJANGO_EXCLUDED_URLS_SET:
+            # Scrapes and probes, every few seconds, are not traces worth keeping.
+            options["excluded_urls"] = UNTRACED_URLS
+        instrumentor.instrument(**options)
         turned_on.append(name)
     return turned_on
 

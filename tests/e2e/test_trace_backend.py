@@ -92,7 +92,12 @@ def traced_processes(
         for name, command in commands.items()
     }
     try:
-        yield {"base_url": f"http://127.0.0.1:{port}", "environment": environment, **names}
+        yield {
+            "base_url": f"http://127.0.0.1:{port}",
+            "environment": environment,
+            "started_ms": int(time.time() * 1000),
+            **names,
+        }
     finally:
         for process in processes.values():
             process.terminate()
@@ -192,6 +197,18 @@ def test_the_demo_request_is_one_trace_in_zipkin(traced_processes: dict[str, Any
         and "INSERT INTO outbox_event" in span["tags"].get("db.statement", "")
     }
     assert inserts == {created["id"], chained["id"]}
+
+    # The relay's and the consumer's polling, outside any span, made no trace of its own.
+    lookback = int(time.time() * 1000) - traced_processes["started_ms"] + 1000
+    for service in ("outbox-relay", "inbox-consumer"):
+        response = requests.get(
+            f"{ZIPKIN}/api/v2/traces",
+            params={"serviceName": service, "lookback": lookback, "limit": 1000},
+            timeout=10,
+        )
+        response.raise_for_status()
+        statements_alone = [t for t in response.json() if {s.get("kind") for s in t} == {"CLIENT"}]
+        assert statements_alone == [], statements_alone[:3]
 
 
 @needs_browser

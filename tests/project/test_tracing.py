@@ -41,6 +41,18 @@ print(
        ("celery", CeleryInstrumentor))),
 )
 print("MIDDLEWARE", settings.MIDDLEWARE)
+if tracer is not None:
+    from opentelemetry.instrumentation.django.middleware.otel_middleware import _DjangoMiddleware
+    from opentelemetry.trace import SpanKind
+    alone = tracer.start_span("statement alone", kind=SpanKind.CLIENT)
+    with tracer.start_as_current_span("request", kind=SpanKind.SERVER) as request:
+        within = tracer.start_span("statement within", kind=SpanKind.CLIENT)
+        recorded = within.is_recording()
+        within.end()
+    print("CLIENT alone", alone.is_recording(), "within", recorded)
+    excluded = _DjangoMiddleware._excluded_urls
+    print("UNTRACED", *(url for url in ("http://h/metrics", "http://h/health/",
+          "http://h/admin/", "http://h/api/metrics-like/") if excluded.url_disabled(url)))
 """
 
 
@@ -57,8 +69,10 @@ def probe(**environment: str) -> subprocess.CompletedProcess[str]:
 
 
 def exported_span(output: str) -> dict:
-    # The batch span processor exports at the process's exit, after the probe's lines.
-    return json.loads(output.split("\n", 3)[3])
+    # The batch span processor exports at the process's exit, after the probe's lines: the
+    # first span printed, as the console exporter indents it.
+    start = output.index("\n{\n") + 1
+    return json.loads(output[start : output.index("\n}\n", start) + 2])
 
 
 def test_by_default_no_sdk_is_set_up_and_no_span_is_made():
@@ -152,9 +166,9 @@ def test_the_otlp_exporter_posts_the_spans_to_the_configured_endpoint():
     [resource_spans] = request.resource_spans
     service = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
     assert service["service.name"] == "probe"
-    assert [span.name for scope in resource_spans.scope_spans for span in scope.spans] == [
-        "probe span"
-    ]
+    names = [span.name for scope in resource_spans.scope_spans for span in scope.spans]
+    # The probe's CLIENT span without a parent is not among them.
+    assert names == ["probe span", "statement within", "request"]
 
 
 def test_a_traced_process_turns_on_the_django_psycopg_and_celery_instrumentations():
@@ -178,3 +192,20 @@ def test_an_untraced_process_turns_on_no_instrumentation():
     result = probe()
     assert result.returncode == 0, result.stderr
     assert "INSTRUMENTED django=False psycopg=False celery=False" in result.stdout
+
+
+def test_a_client_span_is_recorded_within_a_trace_only():
+    # An SQL statement of the relay's polling, outside any span, would be a trace of its own.
+    result = probe(OTEL_TRACES_EXPORTER="console")
+    assert result.returncode == 0, result.stderr
+    assert "CLIENT alone False within True" in result.stdout
+    sampled_out = probe(OTEL_TRACES_EXPORTER="console", OTEL_TRACES_SAMPLER="always_off")
+    assert "CLIENT alone False within False" in sampled_out.stdout
+
+
+def test_scrapes_and_probes_are_not_traced_unless_the_variables_say_otherwise():
+    result = probe(OTEL_TRACES_EXPORTER="console")
+    assert result.returncode == 0, result.stderr
+    assert "UNTRACED http://h/metrics http://h/health/\n" in result.stdout
+    chosen = probe(OTEL_TRACES_EXPORTER="console", OTEL_PYTHON_DJANGO_EXCLUDED_URLS="admin")
+    assert "UNTRACED http://h/admin/\n" in chosen.stdout
