@@ -1,15 +1,22 @@
 """Inbox consumer benchmark: one process, real Kafka and PostgreSQL.
 
-    .venv/bin/python benchmarks/inbox_bench.py [--events 100000] [--partitions 6] [--size 1024]
+    .venv/bin/python benchmarks/inbox_bench.py [--only PART ...] [--tracing] [--events 100000]
+        [--partitions 6] [--size 1024]
 
 Puts --events relay-format records of about --size bytes on a new topic with --partitions
-partitions, then measures in this one process:
+partitions, then measures in this one process (--only runs the parts named, repeatable:
+"rates" is 1 to 3 and, with --tracing, 3a; "ordering" is 4; "held-key" is 5):
 1. new events: the inbox consumer (batches, set-based dedup insert, a savepoint per
    handler, offsets committed after the database commit), every event new;
 2. duplicates: the same records replayed to the same group (offsets reset to 0), all
    duplicates;
 3. naive: a consumer that records each message in its own transaction and commits its
    offset synchronously after each one, on the first --naive-events records;
+3a. with --tracing: the consumer on --events new records carrying a W3C traceparent, with
+   tracing off (opentelemetry-api only, no SDK) and on (the SDK at 100 % sampling, a batch
+   span processor, an exporter that drops the spans), alternated 3 times, each run on a
+   topic, a group and records of its own: the best rate and CPU per event of each, the
+   ratios on/off, and the process spans exported (one per event);
 4. order per key: --ordering-events records on 1,000 keys (a topic of their own), consumed
    by new groups with ordering "none" and "key", without handler failures and with the
    first attempt of 1 % of the events failing (those of the key mode hold their keys, the
@@ -31,6 +38,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +55,7 @@ from django.conf import settings  # noqa: E402
 from django.db import IntegrityError, connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
+from benchmarks.tracing import TRACING_ROUNDS, Measured, print_comparison, tracing_on  # noqa: E402
 from inbox.config import inbox_consumer_config  # noqa: E402
 from inbox.consumer import InboxConsumer  # noqa: E402
 from inbox.models import InboxMessage  # noqa: E402
@@ -58,13 +67,18 @@ from project.kafka import kafka_connection_config  # noqa: E402
 
 TIMEOUT_SECONDS = 60
 EVENT_TYPE = "BenchEvent"
+PARTS = ("rates", "ordering", "held-key")
 
 
 def noop(message: InboxMessage) -> None:
     """The benchmark's handler: no work of its own."""
 
 
-def produce(topic: str, *, events: int, size: int, keys: int = 5000) -> float:
+def produce(
+    topic: str, *, events: int, size: int, keys: int = 5000, traceparents: bool = False
+) -> float:
+    """Puts `events` records on `topic` as the relay writes them; with `traceparents`, each
+    carries the W3C traceparent of an event's creation context, a trace of its own."""
     producer = Producer(
         {
             **kafka_connection_config(),
@@ -88,6 +102,9 @@ def produce(topic: str, *, events: int, size: int, keys: int = 5000) -> float:
             ("created_at", timezone.now().isoformat().encode()),
             ("content-type", b"application/json"),
         ]
+        if traceparents:
+            trace_id, span_id = os.urandom(16).hex(), os.urandom(8).hex()
+            headers.append(("traceparent", f"00-{trace_id}-{span_id}-01".encode()))
         while True:
             try:
                 producer.produce(
@@ -102,15 +119,41 @@ def produce(topic: str, *, events: int, size: int, keys: int = 5000) -> float:
     return time.perf_counter() - started
 
 
+def registry_with(
+    handle: Callable[[InboxMessage], None], *, topic: str, group: str
+) -> HandlerRegistry:
+    """A registry of its own in which `group` runs `handle` on the benchmark's events of
+    `topic`."""
+    registry = HandlerRegistry()
+    with scoped_registry(registry):
+        register_handler(event_type=EVENT_TYPE, topic=topic, group=group)(handle)
+    return registry
+
+
+def empty_inbox() -> None:
+    # Each run on an empty table: a later run must not pay for the earlier rows.
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE inbox_message")
+
+
+@dataclass
+class ConsumerRun:
+    seconds: float
+    # time.process_time() (every thread: librdkafka's, a span processor's) over `seconds`.
+    cpu_seconds: float
+    result: BatchResult
+
+
 def run_inbox_consumer(
     *, group: str, topic: str, registry: HandlerRegistry, events: int, batch_size: int
-) -> tuple[float, BatchResult]:
+) -> ConsumerRun:
     total = BatchResult()
     timing: dict[str, float] = {}
 
     def on_batch(result: BatchResult) -> None:
         timing.setdefault("first", time.perf_counter())
         timing["last"] = time.perf_counter()
+        timing["last_cpu"] = time.process_time()
         for name in ("consumed", "inserted", "duplicates", "processed", "failed", "parked"):
             setattr(total, name, getattr(total, name) + getattr(result, name))
 
@@ -130,7 +173,7 @@ def run_inbox_consumer(
         first = consumer.consumer.poll(0.5)
         if time.monotonic() > deadline:
             raise SystemExit("no records arrived")
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     consumer._in_flight = [first]
     consumer._in_flight.extend(consumer.consumer.consume(batch_size - 1, timeout=0))
     batch, consumer._in_flight = consumer._in_flight, []
@@ -140,7 +183,7 @@ def run_inbox_consumer(
             consumer.poll_batch()
     finally:
         consumer.close()
-    return timing["last"] - started, total
+    return ConsumerRun(timing["last"] - started, timing["last_cpu"] - cpu_started, total)
 
 
 def failing_first_attempts(fails: Callable[[InboxMessage], bool]) -> Any:
@@ -162,6 +205,115 @@ def the_first(message: InboxMessage) -> bool:
     return (message.payload or {})["number"] == 0
 
 
+def consumer_rates(
+    *, events: int, partitions: int, size: int, naive_events: int, batch_size: int
+) -> None:
+    """1 to 3: new events, all duplicates and the naive consumer, on one topic."""
+    topic = create_topic(partitions)
+    group = f"bench-inbox-{uuid.uuid4().hex[:8]}"
+    try:
+        registry = registry_with(noop, topic=topic, group=group)
+        produced = produce(topic, events=events, size=size)
+        print(f"  produced in {produced:.1f}s")
+
+        new = run_inbox_consumer(
+            group=group, topic=topic, registry=registry, events=events, batch_size=batch_size
+        )
+        assert new.result.inserted == new.result.processed == events, new.result
+        reset_offsets(group, topic, partitions)
+        dup = run_inbox_consumer(
+            group=group, topic=topic, registry=registry, events=events, batch_size=batch_size
+        )
+        assert dup.result.duplicates == events, dup.result
+        assert dup.result.processed == 0, dup.result
+        naive_events = min(naive_events, events)
+        naive_seconds = run_naive_consumer(group=f"{group}-naive", topic=topic, events=naive_events)
+    finally:
+        delete_topic(topic)
+
+    new_rate = events / new.seconds
+    dup_rate = events / dup.seconds
+    naive_rate = naive_events / naive_seconds
+    rows: list[tuple[str, Any, float, float]] = [
+        ("inbox, new events", events, new.seconds, new_rate),
+        ("inbox, all duplicates", events, dup.seconds, dup_rate),
+        ("naive, commit per message", naive_events, naive_seconds, naive_rate),
+    ]
+    print(f"  {'consumer':<28}{'events':>9}{'seconds':>10}{'events/s':>11}")
+    for name, count, seconds, rate in rows:
+        print(f"  {name:<28}{count:>9}{seconds:>10.2f}{rate:>11.0f}")
+    print(
+        f"  new >= 5000/s: {'yes' if new_rate >= 5000 else 'NO'}; "
+        f"duplicates/new: {dup_rate / new_rate:.2f}x; "
+        f"new/naive: {new_rate / naive_rate:.1f}x (target >= 10x)"
+    )
+
+
+def new_events_run(*, events: int, partitions: int, size: int, batch_size: int) -> ConsumerRun:
+    """The consumer on `events` new records carrying traceparents, on a topic, a group and an
+    empty inbox_message table of their own, so that no run pays for another's."""
+    topic = create_topic(partitions)
+    try:
+        produce(topic, events=events, size=size, traceparents=True)
+        empty_inbox()
+        group = f"bench-tracing-{uuid.uuid4().hex[:8]}"
+        run = run_inbox_consumer(
+            group=group,
+            topic=topic,
+            registry=registry_with(noop, topic=topic, group=group),
+            events=events,
+            batch_size=batch_size,
+        )
+    finally:
+        delete_topic(topic)
+    assert run.result.inserted == run.result.processed == events, run.result
+    return run
+
+
+def tracing_rates(*, events: int, partitions: int, size: int, batch_size: int) -> None:
+    """3a: the consumer with tracing off and on, alternated TRACING_ROUNDS times."""
+
+    def measured(run: ConsumerRun) -> Measured:
+        consumed = run.result.consumed
+        return Measured(
+            rate=consumed / run.seconds, cpu_us_per_event=1_000_000 * run.cpu_seconds / consumed
+        )
+
+    def consumer_run() -> ConsumerRun:
+        return new_events_run(
+            events=events, partitions=partitions, size=size, batch_size=batch_size
+        )
+
+    print(
+        f"tracing: the consumer on {events:,} new events carrying a traceparent, best of "
+        f"{TRACING_ROUNDS} alternated runs, each on a topic and a group of its own"
+    )
+    off: list[Measured] = []
+    on: list[Measured] = []
+    exported = consumed = 0
+    for _ in range(TRACING_ROUNDS):
+        off.append(measured(consumer_run()))
+        with tracing_on(queue_size=events) as spans:
+            run = consumer_run()
+        on.append(measured(run))
+        if spans.exported != run.result.consumed:
+            print(
+                f"  a run with tracing on exported {spans.exported:,} process spans for "
+                f"{run.result.consumed:,} events consumed"
+            )
+        exported += spans.exported
+        consumed += run.result.consumed
+    print_comparison("consumer", off, on)
+    print(
+        "  CPU: time.process_time() (every thread of this process) from the first record "
+        "to the last batch committed, the rate's span"
+    )
+    print(
+        f"  process spans exported in the runs with tracing on: {exported:,} for "
+        f"{consumed:,} events consumed"
+    )
+
+
 def ordering_rates(*, events: int, partitions: int, size: int, batch_size: int) -> None:
     """4: the rates of ordering none and key, without and with 1 % first-attempt failures."""
     topic = create_topic(partitions)
@@ -178,17 +330,13 @@ def ordering_rates(*, events: int, partitions: int, size: int, batch_size: int) 
         rates: dict[tuple[str, bool], float] = {}
         for failures in (False, True):
             for ordering in ("none", "key"):
-                # Each run on an empty table: a later run must not pay for the earlier rows.
-                with connection.cursor() as cursor:
-                    cursor.execute("TRUNCATE inbox_message")
+                empty_inbox()
                 group = f"bench-ordering-{uuid.uuid4().hex[:8]}"
                 settings.INBOX_GROUP_ORDERING = {group: ordering}
-                registry = HandlerRegistry()
                 handle = failing_first_attempts(one_in_a_hundred) if failures else noop
-                with scoped_registry(registry):
-                    register_handler(event_type=EVENT_TYPE, topic=topic, group=group)(handle)
+                registry = registry_with(handle, topic=topic, group=group)
                 cpu_started = time.process_time()
-                seconds, result = run_inbox_consumer(
+                run = run_inbox_consumer(
                     group=group,
                     topic=topic,
                     registry=registry,
@@ -196,6 +344,7 @@ def ordering_rates(*, events: int, partitions: int, size: int, batch_size: int) 
                     batch_size=batch_size,
                 )
                 cpu_ms = 1000 * (time.process_time() - cpu_started) / events * 1000
+                seconds, result = run.seconds, run.result
                 rate = events / seconds
                 rates[(ordering, failures)] = rate
                 name = f"{ordering}, {'1 % first attempts fail' if failures else 'no failures'}"
@@ -224,14 +373,11 @@ def held_key(*, events: int, size: int, batch_size: int) -> None:
         produce(topic, events=events, size=size, keys=1)
         group = f"bench-held-{uuid.uuid4().hex[:8]}"
         settings.INBOX_GROUP_ORDERING = {group: "key"}
-        registry = HandlerRegistry()
-        with scoped_registry(registry):
-            register_handler(event_type=EVENT_TYPE, topic=topic, group=group)(
-                failing_first_attempts(the_first)
-            )
-        parking, result = run_inbox_consumer(
+        registry = registry_with(failing_first_attempts(the_first), topic=topic, group=group)
+        parked_run = run_inbox_consumer(
             group=group, topic=topic, registry=registry, events=events, batch_size=batch_size
         )
+        parking, result = parked_run.seconds, parked_run.result
         started = time.perf_counter()
         InboxMessage.objects.filter(consumer_group=group, status="PENDING").update(
             next_attempt_at=timezone.now()
@@ -322,8 +468,13 @@ def run_naive_consumer(*, group: str, topic: str, events: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--events", type=int, default=100_000)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--only", choices=PARTS, action="append", help="run only these parts (repeatable)"
+    )
+    parser.add_argument("--events", type=int, default=100_000, help="events per run (rates)")
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--size", type=int, default=1024, help="payload bytes per event")
     parser.add_argument("--naive-events", type=int, default=5_000)
@@ -331,70 +482,48 @@ def main() -> None:
     parser.add_argument("--ordering-events", type=int, default=100_000)
     parser.add_argument("--held-events", type=int, default=10_000)
     parser.add_argument("--database", default="bench_inbox")
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="rates: also the consumer with tracing off and on, their CPU and the ratios",
+    )
     args = parser.parse_args()
+    parts = [part for part in PARTS if part in (args.only or PARTS)]
 
     settings.DATABASES["default"].setdefault("TEST", {})["NAME"] = args.database
     original_name = settings.DATABASES["default"]["NAME"]
     connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
-    topic = create_topic(args.partitions)
-    group = f"bench-inbox-{uuid.uuid4().hex[:8]}"
-    registry = HandlerRegistry()
     try:
-        with scoped_registry(registry):
-            register_handler(event_type=EVENT_TYPE, topic=topic, group=group)(noop)
         print(
-            f"inbox benchmark: {args.events} events of {args.size} B on {args.partitions} "
-            f"partitions, batch size {args.batch_size}, database {args.database}"
+            f"inbox benchmark ({', '.join(parts)}): {args.events} events of {args.size} B on "
+            f"{args.partitions} partitions, batch size {args.batch_size}, database "
+            f"{args.database}"
         )
-        produced = produce(topic, events=args.events, size=args.size)
-        print(f"  produced in {produced:.1f}s")
-
-        new_seconds, new = run_inbox_consumer(
-            group=group,
-            topic=topic,
-            registry=registry,
-            events=args.events,
-            batch_size=args.batch_size,
-        )
-        assert new.inserted == new.processed == args.events, new
-        reset_offsets(group, topic, args.partitions)
-        dup_seconds, dup = run_inbox_consumer(
-            group=group,
-            topic=topic,
-            registry=registry,
-            events=args.events,
-            batch_size=args.batch_size,
-        )
-        assert dup.duplicates == args.events, dup
-        assert dup.processed == 0, dup
-        naive_events = min(args.naive_events, args.events)
-        naive_seconds = run_naive_consumer(group=f"{group}-naive", topic=topic, events=naive_events)
-
-        new_rate = args.events / new_seconds
-        dup_rate = args.events / dup_seconds
-        naive_rate = naive_events / naive_seconds
-        rows: list[tuple[str, Any, float, float]] = [
-            ("inbox, new events", args.events, new_seconds, new_rate),
-            ("inbox, all duplicates", args.events, dup_seconds, dup_rate),
-            ("naive, commit per message", naive_events, naive_seconds, naive_rate),
-        ]
-        print(f"  {'consumer':<28}{'events':>9}{'seconds':>10}{'events/s':>11}")
-        for name, count, seconds, rate in rows:
-            print(f"  {name:<28}{count:>9}{seconds:>10.2f}{rate:>11.0f}")
-        print(
-            f"  new >= 5000/s: {'yes' if new_rate >= 5000 else 'NO'}; "
-            f"duplicates/new: {dup_rate / new_rate:.2f}x; "
-            f"new/naive: {new_rate / naive_rate:.1f}x (target >= 10x)"
-        )
-        ordering_rates(
-            events=args.ordering_events,
-            partitions=args.partitions,
-            size=args.size,
-            batch_size=args.batch_size,
-        )
-        held_key(events=args.held_events, size=args.size, batch_size=args.batch_size)
+        if "rates" in parts:
+            consumer_rates(
+                events=args.events,
+                partitions=args.partitions,
+                size=args.size,
+                naive_events=args.naive_events,
+                batch_size=args.batch_size,
+            )
+            if args.tracing:
+                tracing_rates(
+                    events=args.events,
+                    partitions=args.partitions,
+                    size=args.size,
+                    batch_size=args.batch_size,
+                )
+        if "ordering" in parts:
+            ordering_rates(
+                events=args.ordering_events,
+                partitions=args.partitions,
+                size=args.size,
+                batch_size=args.batch_size,
+            )
+        if "held-key" in parts:
+            held_key(events=args.held_events, size=args.size, batch_size=args.batch_size)
     finally:
-        delete_topic(topic)
         connection.creation.destroy_test_db(original_name, verbosity=0)
 
 

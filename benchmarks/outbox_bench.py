@@ -8,7 +8,8 @@ Six parts, each a table; --only runs the parts named (repeatable), always in thi
             process, plain and transactional, on --events events; with --tracing, also the
             relay with tracing off (opentelemetry-api only, no SDK) and on (the SDK at 100 %
             sampling, a batch span processor, an exporter that drops the spans), their
-            events carrying a traceparent, and the ratio on/off;
+            events carrying a traceparent: the best rate and CPU µs per event of each over 3
+            alternated runs, and the ratios on/off;
   lag       publish lag at --lag-rate events/s on 10,000 keys for --lag-seconds, with
             `outbox_relay` and with Celery beat + nudge;
   skew      (a) the relay draining --skew-events events of 1 KB on 1, 10, 100 and 10,000 keys:
@@ -50,7 +51,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE_DIR))
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
 import psycopg  # noqa: E402
 
 from benchmarks.databases import recreate_database, sibling_database_url  # noqa: E402
+from benchmarks.tracing import TRACING_ROUNDS, Measured, print_comparison, tracing_on  # noqa: E402
 
 BENCH_DATABASE_SUFFIX = "_bench"
 PAYLOAD_BYTES = 1024
@@ -198,9 +200,10 @@ def measure_relay(
     *,
     transactional: bool,
     traceparent: str | None = None,
-) -> float:
+) -> Measured:
     """The relay in this process on `count` events on KEYS keys, plain or with one Kafka
-    transaction per batch."""
+    transaction per batch: its rate, and this process's CPU over the drain alone (not the
+    insert of the events)."""
     from outbox.producer import close_producers, get_producer
 
     transactional_id = f"bench-{uuid.uuid4().hex[:8]}" if transactional else None
@@ -208,8 +211,9 @@ def measure_relay(
     try:
         get_producer(transactional_id=transactional_id)  # connected before the clock starts
         insert_events(topic, count, traceparent=traceparent)
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         published = deliver_with_relay(relay, topic)
+        cpu_seconds = time.process_time() - cpu_started
         elapsed = time.perf_counter() - started
     finally:
         with contextlib.suppress(Exception):
@@ -221,7 +225,7 @@ def measure_relay(
             f"  relay: published {published:,} of {count:,}; {missing:,} undelivered,"
             f" {duplicates:,} sent twice"
         )
-    return count / elapsed
+    return Measured(rate=count / elapsed, cpu_us_per_event=1_000_000 * cpu_seconds / count)
 
 
 PUBLISHER_PROCESSES = 4
@@ -998,10 +1002,10 @@ def rates(count: int, batch_size: int, topics: list[str]) -> None:
     producer = measure_producer(topics[-1], count)
     topics.append(create_topic())
     clear_outbox()
-    relay = measure_relay(topics[-1], count, batch_size, transactional=False)
+    relay = measure_relay(topics[-1], count, batch_size, transactional=False).rate
     topics.append(create_topic())
     clear_outbox()
-    transactional = measure_relay(topics[-1], count, batch_size, transactional=True)
+    transactional = measure_relay(topics[-1], count, batch_size, transactional=True).rate
     clear_outbox()
     print(f"  {'raw confluent-kafka producer':<42}{producer:>10,.0f} events/s")
     print(f"  {'relay':<42}{relay:>10,.0f} events/s")
@@ -1010,27 +1014,15 @@ def rates(count: int, batch_size: int, topics: list[str]) -> None:
     print(f"  {'transactional / plain relay':<42}{transactional / relay:>10.2f}")
 
 
-TRACING_ROUNDS = 3
-
-
 def tracing_rates(count: int, batch_size: int, topics: list[str]) -> None:
-    """The relay with tracing off and on, alternated TRACING_ROUNDS times; the best of each."""
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+    """The relay with tracing off and on, alternated TRACING_ROUNDS times."""
 
-    from project.tracing import use_tracer_provider
-
-    class DroppingExporter(SpanExporter):
-        """Takes every span and sends it nowhere: the cost measured is making the spans and
-        the batch processor's, not a collector's."""
-
-        def __init__(self) -> None:
-            self.exported = 0
-
-        def export(self, spans: Any) -> SpanExportResult:
-            self.exported += len(spans)
-            return SpanExportResult.SUCCESS
+    def relay_run() -> Measured:
+        topics.append(create_topic())
+        clear_outbox()
+        return measure_relay(
+            topics[-1], count, batch_size, transactional=False, traceparent=TRACEPARENT
+        )
 
     print()
     print(
@@ -1038,41 +1030,24 @@ def tracing_rates(count: int, batch_size: int, topics: list[str]) -> None:
         f" {TRACING_ROUNDS} alternated runs",
         flush=True,
     )
-    off: list[float] = []
-    on: list[float] = []
+    off: list[Measured] = []
+    on: list[Measured] = []
     exported = 0
     for _ in range(TRACING_ROUNDS):
-        topics.append(create_topic())
-        clear_outbox()
-        off.append(
-            measure_relay(
-                topics[-1], count, batch_size, transactional=False, traceparent=TRACEPARENT
-            )
-        )
-        exporter = DroppingExporter()
-        provider = TracerProvider(sampler=ALWAYS_ON)
-        # A queue as long as the run: no span is dropped before the exporter sees it.
-        provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=count))
-        use_tracer_provider(provider)
-        try:
-            topics.append(create_topic())
-            clear_outbox()
-            on.append(
-                measure_relay(
-                    topics[-1], count, batch_size, transactional=False, traceparent=TRACEPARENT
-                )
-            )
-        finally:
-            use_tracer_provider(None)
-            provider.shutdown()  # exports what is queued
-        exported += exporter.exported
+        off.append(relay_run())
+        with tracing_on(queue_size=count) as spans:
+            on.append(relay_run())
+        exported += spans.exported
     clear_outbox()
-    print(f"  {'relay, tracing off (API only)':<52}{max(off):>10,.0f} events/s")
-    print(f"  {'relay, tracing on (SDK, 100 %, batch processor)':<52}{max(on):>10,.0f} events/s")
-    print(f"  {'on / off':<52}{max(on) / max(off):>10.2f}")
-    runs = [", ".join(f"{rate:,.0f}" for rate in measured) for measured in (off, on)]
-    print(f"  every run, events/s: off {runs[0]}; on {runs[1]}")
-    print(f"  send spans exported in the runs with tracing on: {exported:,}")
+    print_comparison("relay", off, on)
+    print(
+        "  CPU: time.process_time() (every thread of this process) over the relay's drain"
+        " alone, the rate's span"
+    )
+    print(
+        f"  send spans exported in the runs with tracing on: {exported:,} for"
+        f" {TRACING_ROUNDS * count:,} events"
+    )
 
 
 def publish_lag(rate: int, seconds: float, environment: dict[str, str], topics: list[str]) -> None:
@@ -1158,7 +1133,7 @@ def main() -> None:
     parser.add_argument(
         "--tracing",
         action="store_true",
-        help="rates: also the relay with tracing off and on, and their ratio",
+        help="rates: also the relay with tracing off and on, their CPU and the ratios",
     )
     options = parser.parse_args()
 
