@@ -55,7 +55,13 @@ from django.conf import settings  # noqa: E402
 from django.db import IntegrityError, connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from benchmarks.tracing import TRACING_ROUNDS, Measured, print_comparison, tracing_on  # noqa: E402
+from benchmarks.tracing import (  # noqa: E402
+    SAMPLED_ONE_IN,
+    TRACING_ROUNDS,
+    Measured,
+    print_comparison,
+    tracing_on,
+)
 from inbox.config import inbox_consumer_config  # noqa: E402
 from inbox.consumer import InboxConsumer  # noqa: E402
 from inbox.models import InboxMessage  # noqa: E402
@@ -75,10 +81,18 @@ def noop(message: InboxMessage) -> None:
 
 
 def produce(
-    topic: str, *, events: int, size: int, keys: int = 5000, traceparents: bool = False
+    topic: str,
+    *,
+    events: int,
+    size: int,
+    keys: int = 5000,
+    traceparents: bool = False,
+    sampled_one_in: int = 1,
 ) -> float:
     """Puts `events` records on `topic` as the relay writes them; with `traceparents`, each
-    carries the W3C traceparent of an event's creation context, a trace of its own."""
+    carries the W3C traceparent of an event's creation context, a trace of its own: sampled
+    (flags 01) for one record in `sampled_one_in`, the others not (00), as a root sampler at
+    that ratio leaves them."""
     producer = Producer(
         {
             **kafka_connection_config(),
@@ -104,7 +118,8 @@ def produce(
         ]
         if traceparents:
             trace_id, span_id = os.urandom(16).hex(), os.urandom(8).hex()
-            headers.append(("traceparent", f"00-{trace_id}-{span_id}-01".encode()))
+            flags = "01" if number % sampled_one_in == 0 else "00"
+            headers.append(("traceparent", f"00-{trace_id}-{span_id}-{flags}".encode()))
         while True:
             try:
                 producer.produce(
@@ -249,12 +264,14 @@ def consumer_rates(
     )
 
 
-def new_events_run(*, events: int, partitions: int, size: int, batch_size: int) -> ConsumerRun:
-    """The consumer on `events` new records carrying traceparents, on a topic, a group and an
-    empty inbox_message table of their own, so that no run pays for another's."""
+def new_events_run(
+    *, events: int, partitions: int, size: int, batch_size: int, sampled_one_in: int = 1
+) -> ConsumerRun:
+    """The consumer on `events` new records carrying traceparents (see produce), on a topic,
+    a group and an empty inbox_message table of their own, so that no run pays for another's."""
     topic = create_topic(partitions)
     try:
-        produce(topic, events=events, size=size, traceparents=True)
+        produce(topic, events=events, size=size, traceparents=True, sampled_one_in=sampled_one_in)
         empty_inbox()
         group = f"bench-tracing-{uuid.uuid4().hex[:8]}"
         run = run_inbox_consumer(
@@ -279,9 +296,13 @@ def tracing_rates(*, events: int, partitions: int, size: int, batch_size: int) -
             rate=consumed / run.seconds, cpu_us_per_event=1_000_000 * run.cpu_seconds / consumed
         )
 
-    def consumer_run() -> ConsumerRun:
+    def consumer_run(sampled_one_in: int = 1) -> ConsumerRun:
         return new_events_run(
-            events=events, partitions=partitions, size=size, batch_size=batch_size
+            events=events,
+            partitions=partitions,
+            size=size,
+            batch_size=batch_size,
+            sampled_one_in=sampled_one_in,
         )
 
     print(
@@ -290,7 +311,8 @@ def tracing_rates(*, events: int, partitions: int, size: int, batch_size: int) -
     )
     off: list[Measured] = []
     on: list[Measured] = []
-    exported = consumed = 0
+    sampled: list[Measured] = []
+    exported = consumed = exported_sampled = 0
     for _ in range(TRACING_ROUNDS):
         off.append(measured(consumer_run()))
         with tracing_on(queue_size=events) as spans:
@@ -303,14 +325,19 @@ def tracing_rates(*, events: int, partitions: int, size: int, batch_size: int) -
             )
         exported += spans.exported
         consumed += run.result.consumed
+        with tracing_on(queue_size=events) as spans:
+            sampled.append(measured(consumer_run(sampled_one_in=SAMPLED_ONE_IN)))
+        exported_sampled += spans.exported
     print_comparison("consumer", off, on)
+    print_comparison(f"consumer, 1 trace in {SAMPLED_ONE_IN} sampled", off, sampled, header=False)
     print(
         "  CPU: time.process_time() (every thread of this process) from the first record "
         "to the last batch committed, the rate's span"
     )
     print(
         f"  process spans exported in the runs with tracing on: {exported:,} for "
-        f"{consumed:,} events consumed"
+        f"{consumed:,} events consumed; with 1 trace in {SAMPLED_ONE_IN} sampled: "
+        f"{exported_sampled:,}"
     )
 
 

@@ -65,7 +65,13 @@ if TYPE_CHECKING:
 import psycopg  # noqa: E402
 
 from benchmarks.databases import recreate_database, sibling_database_url  # noqa: E402
-from benchmarks.tracing import TRACING_ROUNDS, Measured, print_comparison, tracing_on  # noqa: E402
+from benchmarks.tracing import (  # noqa: E402
+    SAMPLED_ONE_IN,
+    TRACING_ROUNDS,
+    Measured,
+    print_comparison,
+    tracing_on,
+)
 
 BENCH_DATABASE_SUFFIX = "_bench"
 PAYLOAD_BYTES = 1024
@@ -83,11 +89,18 @@ TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 def insert_events(
-    topic: str, count: int, keys: int = KEYS, *, traceparent: str | None = None
+    topic: str,
+    count: int,
+    keys: int = KEYS,
+    *,
+    traceparent: str | None = None,
+    sampled_one_in: int = 1,
 ) -> None:
     """Bulk-inserts events as many publish() calls would write them, but fast: in one
     transaction, so the relay reads them as one (its batches still hold --batch-size).
-    With `traceparent`, each event carries it as publish() stores a caller's."""
+    With `traceparent`, each event carries it as publish() stores a caller's: sampled (flags
+    01) for one event in `sampled_one_in`, the others not (00), as a root sampler at that
+    ratio leaves them."""
     from django.db import connection
 
     with connection.cursor() as cursor:
@@ -98,7 +111,10 @@ def insert_events(
             SELECT gen_random_uuid(), 'order', 'order-' || (n %% %(keys)s), 'OrderPlaced',
                    jsonb_build_object('number', n, 'seq', n / %(keys)s,
                                       'data', repeat('x', %(filler)s)),
-                   %(headers)s::jsonb, %(topic)s, 'order-' || (n %% %(keys)s), now()
+                   CASE WHEN %(unflagged)s::text IS NULL THEN '{}'::jsonb
+                        ELSE jsonb_build_object('traceparent', %(unflagged)s::text || CASE
+                             WHEN n %% %(sampled_one_in)s = 0 THEN '01' ELSE '00' END) END,
+                   %(topic)s, 'order-' || (n %% %(keys)s), now()
             FROM generate_series(0, %(count)s - 1) AS n
             """,
             {
@@ -106,7 +122,8 @@ def insert_events(
                 "filler": PAYLOAD_BYTES - 40,
                 "topic": topic,
                 "count": count,
-                "headers": json.dumps({"traceparent": traceparent} if traceparent else {}),
+                "unflagged": traceparent[:-2] if traceparent else None,
+                "sampled_one_in": sampled_one_in,
             },
         )
         # Rows a real workload adds over time (autovacuum keeps their statistics) appear
@@ -200,6 +217,7 @@ def measure_relay(
     *,
     transactional: bool,
     traceparent: str | None = None,
+    sampled_one_in: int = 1,
 ) -> Measured:
     """The relay in this process on `count` events on KEYS keys, plain or with one Kafka
     transaction per batch: its rate, and this process's CPU over the drain alone (not the
@@ -210,7 +228,7 @@ def measure_relay(
     relay = new_relay(batch_size, transactional_id)
     try:
         get_producer(transactional_id=transactional_id)  # connected before the clock starts
-        insert_events(topic, count, traceparent=traceparent)
+        insert_events(topic, count, traceparent=traceparent, sampled_one_in=sampled_one_in)
         started, cpu_started = time.perf_counter(), time.process_time()
         published = deliver_with_relay(relay, topic)
         cpu_seconds = time.process_time() - cpu_started
@@ -1017,11 +1035,16 @@ def rates(count: int, batch_size: int, topics: list[str]) -> None:
 def tracing_rates(count: int, batch_size: int, topics: list[str]) -> None:
     """The relay with tracing off and on, alternated TRACING_ROUNDS times."""
 
-    def relay_run() -> Measured:
+    def relay_run(sampled_one_in: int = 1) -> Measured:
         topics.append(create_topic())
         clear_outbox()
         return measure_relay(
-            topics[-1], count, batch_size, transactional=False, traceparent=TRACEPARENT
+            topics[-1],
+            count,
+            batch_size,
+            transactional=False,
+            traceparent=TRACEPARENT,
+            sampled_one_in=sampled_one_in,
         )
 
     print()
@@ -1032,21 +1055,28 @@ def tracing_rates(count: int, batch_size: int, topics: list[str]) -> None:
     )
     off: list[Measured] = []
     on: list[Measured] = []
-    exported = 0
+    sampled: list[Measured] = []
+    exported = exported_sampled = 0
     for _ in range(TRACING_ROUNDS):
         off.append(relay_run())
         with tracing_on(queue_size=count) as spans:
             on.append(relay_run())
         exported += spans.exported
+        with tracing_on(queue_size=count) as spans:
+            sampled.append(relay_run(sampled_one_in=SAMPLED_ONE_IN))
+        exported_sampled += spans.exported
     clear_outbox()
     print_comparison("relay", off, on)
+    print_comparison(f"relay, 1 trace in {SAMPLED_ONE_IN} sampled", off, sampled, header=False)
     print(
         "  CPU: time.process_time() (every thread of this process) over the relay's drain"
         " alone, the rate's span"
     )
     print(
         f"  send spans exported in the runs with tracing on: {exported:,} for"
-        f" {TRACING_ROUNDS * count:,} events"
+        f" {TRACING_ROUNDS * count:,} events; with 1 trace in {SAMPLED_ONE_IN} sampled"
+        f" (the others' creation contexts flagged unsampled, as a root sampler at that ratio"
+        f" leaves them): {exported_sampled:,}"
     )
 
 

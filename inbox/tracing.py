@@ -18,7 +18,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from inbox.records import InboxRecord
-from project.tracing import MESSAGING_SYSTEM, context_from_headers
+from project.tracing import context_from_headers, sampling_attributes
 
 if TYPE_CHECKING:
     from inbox.models import InboxMessage
@@ -39,17 +39,16 @@ class Outcome:
     POISON = "poison"
 
 
-def _attributes(
-    *, group: str, topic: str, partition: int, offset: int, key: str | None, event_id: str
+def _sampling_attributes(*, group: str, topic: str) -> dict[str, Any]:
+    return {**sampling_attributes("process", topic), "messaging.consumer.group.name": group}
+
+
+def _record_attributes(
+    *, partition: int, offset: int, key: str | None, event_id: str
 ) -> dict[str, Any]:
     attributes: dict[str, Any] = {
-        "messaging.system": MESSAGING_SYSTEM,
-        "messaging.operation.type": "process",
-        "messaging.operation.name": "process",
-        "messaging.destination.name": topic,
         "messaging.destination.partition.id": str(partition),
         "messaging.kafka.offset": offset,
-        "messaging.consumer.group.name": group,
         "messaging.message.id": event_id,
     }
     if key is not None:
@@ -61,35 +60,38 @@ def process_span(
     tracer: trace.Tracer, *, group: str, record: InboxRecord, duplicate: bool
 ) -> trace.Span:
     """The span of one record of a batch, not yet current: the caller makes it current
-    around the handler (trace.use_span) and ends it with end_span()."""
-    attributes = _attributes(
-        group=group,
-        topic=record.topic,
-        partition=record.partition,
-        offset=record.offset,
-        key=record.key,
-        event_id=record.event_id,
-    )
-    attributes["inbox.duplicate"] = duplicate
-    return tracer.start_span(
+    around the handler (trace.use_span) and ends it with end_span(). Attributes beyond those
+    a sampler may decide on are added only to a recorded span."""
+    span = tracer.start_span(
         f"process {record.topic}",
         context=context_from_headers(record.headers),
         kind=SpanKind.CONSUMER,
-        attributes=attributes,
+        attributes=_sampling_attributes(group=group, topic=record.topic),
     )
+    if span.is_recording():
+        attributes = _record_attributes(
+            partition=record.partition,
+            offset=record.offset,
+            key=record.key,
+            event_id=record.event_id,
+        )
+        attributes["inbox.duplicate"] = duplicate
+        span.set_attributes(attributes)
+    return span
 
 
 def retry_span(tracer: trace.Tracer, *, message: "InboxMessage") -> trace.Span:
     """The span of a handler run again from a stored row: in the current context (the
     retry task's), linked to the event's creation context, long past by now."""
-    attributes = _attributes(
-        group=message.consumer_group,
-        topic=message.topic,
-        partition=message.partition,
-        offset=message.offset,
-        key=message.key,
-        event_id=message.event_id,
-    )
+    attributes = {
+        **_sampling_attributes(group=message.consumer_group, topic=message.topic),
+        **_record_attributes(
+            partition=message.partition,
+            offset=message.offset,
+            key=message.key,
+            event_id=message.event_id,
+        ),
+    }
     attributes["inbox.retry"] = True
     attributes["inbox.attempt"] = message.attempts + 1
     stored = context_from_headers(message.headers or {})

@@ -27,7 +27,13 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from project.tracing import MESSAGING_SYSTEM, W3C, active_tracer, context_from_headers
+from project.tracing import (
+    MESSAGING_SYSTEM,
+    W3C,
+    active_tracer,
+    context_from_headers,
+    sampling_attributes,
+)
 
 if TYPE_CHECKING:
     from outbox.services.event_log import DeliveryRecord, LogEvent
@@ -196,11 +202,18 @@ class SendSpans:
         if begun is None:
             return
         event, start_time = begun
+        span = self.tracer.start_span(
+            f"send {event.topic}",
+            context=context_from_headers(event.headers),
+            kind=SpanKind.PRODUCER,
+            attributes=sampling_attributes("send", event.topic),
+            start_time=start_time,
+        )
+        self.ended[event_id] = span.get_span_context()
+        if not span.is_recording():
+            # Sampled out (most often: its trace was, at its root): nothing more to build.
+            return
         attributes: dict[str, Any] = {
-            "messaging.system": MESSAGING_SYSTEM,
-            "messaging.operation.type": "send",
-            "messaging.operation.name": "send",
-            "messaging.destination.name": event.topic,
             "messaging.message.id": str(event_id),
             "messaging.kafka.message.key": event.key,
             "outbox.attempt": self.attempts.get(event_id, self.attempt),
@@ -209,25 +222,17 @@ class SendSpans:
         if outcome == Outcome.PUBLISHED:
             attributes["messaging.destination.partition.id"] = str(partition)
             attributes["messaging.kafka.offset"] = offset or 0
-        else:
-            attributes["error.type"] = _error_type(error)
-        span = self.tracer.start_span(
-            f"send {event.topic}",
-            context=context_from_headers(event.headers),
-            kind=SpanKind.PRODUCER,
-            attributes=attributes,
-            start_time=start_time,
-        )
-        if outcome == Outcome.PUBLISHED:
+            span.set_attributes(attributes)
             span.end(end_time=max(start_time, end_time or 0))
-        else:
-            span.add_event(
-                "exception",
-                {"exception.type": attributes["error.type"], "exception.message": error},
-            )
-            span.set_status(Status(StatusCode.ERROR, error))
-            span.end()
-        self.ended[event_id] = span.get_span_context()
+            return
+        attributes["error.type"] = _error_type(error)
+        span.set_attributes(attributes)
+        span.add_event(
+            "exception",
+            {"exception.type": attributes["error.type"], "exception.message": error},
+        )
+        span.set_status(Status(StatusCode.ERROR, error))
+        span.end()
 
     @contextmanager
     def current(self, event_id: uuid.UUID) -> Iterator[None]:

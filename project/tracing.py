@@ -89,6 +89,18 @@ W3C = TraceContextTextMapPropagator()
 MESSAGING_SYSTEM = "kafka"
 
 
+def sampling_attributes(operation: str, topic: str) -> dict[str, str]:
+    """The attributes a messaging span starts with, those a sampler may decide on (the
+    conventions' list); the relay and the consumers add the others only to a recorded span,
+    so that a span sampled out costs little more than the sampler's decision."""
+    return {
+        "messaging.system": MESSAGING_SYSTEM,
+        "messaging.operation.type": operation,
+        "messaging.operation.name": operation,
+        "messaging.destination.name": topic,
+    }
+
+
 def context_from_headers(headers: Mapping[str, str]) -> Context | None:
     """The span context an event's or a record's headers carry (W3C traceparent and
     tracestate), or None when they carry none that is valid."""
