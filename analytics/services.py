@@ -19,7 +19,7 @@ from analytics.models import (
     ReconciliationFinding,
     RelayStat,
 )
-from project.kafka import kafka_connection_config
+from kafka_events.kafka import kafka_connection_config
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

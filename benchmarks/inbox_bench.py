@@ -69,7 +69,7 @@ from inbox.records import parse_record  # noqa: E402
 from inbox.registry import HandlerRegistry, scoped_registry  # noqa: E402
 from inbox.registry import handler as register_handler  # noqa: E402
 from inbox.services.recording import BatchResult  # noqa: E402
-from project.kafka import kafka_connection_config  # noqa: E402
+from kafka_events.kafka import kafka_connection_config  # noqa: E402
 
 TIMEOUT_SECONDS = 60
 EVENT_TYPE = "BenchEvent"

@@ -134,7 +134,7 @@ def insert_events(
 def create_topic(partitions: int = 6) -> str:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from project.kafka import kafka_connection_config
+    from kafka_events.kafka import kafka_connection_config
 
     name = f"bench.outbox.{uuid.uuid4().hex[:8]}"
     admin = AdminClient(kafka_connection_config())
@@ -145,7 +145,7 @@ def create_topic(partitions: int = 6) -> str:
 def delete_topics(names: list[str]) -> None:
     from confluent_kafka.admin import AdminClient
 
-    from project.kafka import kafka_connection_config
+    from kafka_events.kafka import kafka_connection_config
 
     admin = AdminClient(kafka_connection_config())
     for future in admin.delete_topics(names).values():

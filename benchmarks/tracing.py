@@ -30,7 +30,7 @@ class SpanCounter:
 
 @contextmanager
 def tracing_on(queue_size: int) -> Iterator[SpanCounter]:
-    """Spans made through project.tracing while the block runs are recorded by the SDK with
+    """Spans made through kafka_events.tracing while the block runs are recorded by the SDK with
     its default sampler (parent-based, always on: 100 % of the traces their roots sampled)
     and a batch span processor, and then dropped: the cost measured is making them and the
     processor's, not a collector's. All are exported when the block ends."""
@@ -38,7 +38,7 @@ def tracing_on(queue_size: int) -> Iterator[SpanCounter]:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 
-    from project.tracing import use_tracer_provider
+    from kafka_events.tracing import use_tracer_provider
 
     counter = SpanCounter()
 

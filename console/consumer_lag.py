@@ -15,7 +15,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.utils import timezone
 
-from project.kafka import kafka_connection_config
+from kafka_events.kafka import kafka_connection_config
 
 logger = logging.getLogger(__name__)
 

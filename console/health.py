@@ -20,7 +20,7 @@ from health_check.views import HealthCheckView
 from redis.asyncio import Redis as AsyncRedis
 
 from console.metrics import monitoring_access_refusal
-from project.kafka import kafka_connection_config
+from kafka_events.kafka import kafka_connection_config
 
 
 @functools.cache

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
 from inbox.config import CLASSIC_ONLY_CONFIG, GROUP_PROTOCOLS
-from project.kafka import kafka_connection_config
+from kafka_events.kafka import kafka_connection_config
 
 MS_PER_DAY = 86_400_000
 # Kafka's defaults (log.retention.hours=168, log.roll.hours=168), assumed by the system check.

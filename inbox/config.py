@@ -4,7 +4,7 @@ from typing import Any
 
 from django.conf import settings
 
-from project.kafka import kafka_connection_config
+from kafka_events.kafka import kafka_connection_config
 
 # The inbox's guarantees rest on these; no setting overrides them.
 FIXED_CONSUMER_CONFIG: dict[str, Any] = {

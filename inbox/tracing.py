@@ -5,7 +5,7 @@ the event was published). The handler runs inside it, so what the handler publis
 belongs to the same trace. A handler run again by the retry task gets a new span of its own,
 linked to that creation context.
 
-Made only when project.tracing.active_tracer() gives a tracer (an SDK is configured): the
+Made only when kafka_events.tracing.active_tracer() gives a tracer (an SDK is configured): the
 consumer asks once per batch.
 """
 
@@ -18,7 +18,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from inbox.records import InboxRecord
-from project.tracing import context_from_headers, sampling_attributes
+from kafka_events.tracing import context_from_headers, sampling_attributes
 
 if TYPE_CHECKING:
     from inbox.models import InboxMessage

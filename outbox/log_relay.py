@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from confluent_kafka import KafkaException
 from django.conf import settings
 
+from kafka_events.tracing import active_tracer
 from outbox import metrics
 from outbox.models import OutboxDelivery, OutboxHeldEvent
 from outbox.producer import discard_producer, get_producer
@@ -66,7 +67,6 @@ from outbox.services.event_log import (
 )
 from outbox.tracing import Outcome as SendOutcome
 from outbox.tracing import SendSpans, send_spans
-from project.tracing import active_tracer
 
 logger = logging.getLogger(__name__)
 

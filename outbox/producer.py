@@ -12,7 +12,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 from django.conf import settings
 
-from project.kafka import kafka_connection_config
+from kafka_events.kafka import kafka_connection_config
 
 logger = logging.getLogger(__name__)
 

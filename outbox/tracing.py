@@ -8,7 +8,7 @@ semantic conventions:
   context, ended when the try's outcome is known: published (partition, offset), retrying,
   held behind its key, or failed for good.
 
-With no SDK configured (project.tracing.active_tracer() is None) no span is made; publish()
+With no SDK configured (kafka_events.tracing.active_tracer() is None) no span is made; publish()
 still stores the caller's traceparent, so a consumer's work can join the request's trace.
 """
 
@@ -27,7 +27,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from project.tracing import (
+from kafka_events.tracing import (
     MESSAGING_SYSTEM,
     W3C,
     active_tracer,

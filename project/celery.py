@@ -18,6 +18,6 @@ def _configure_tracing(**kwargs: Any) -> None:
     # In the worker's (or beat's) main process, not at import: every process that imports
     # Django imports this app. A prefork child inherits the provider; the SDK restarts its
     # batch span processor's thread after the fork.
-    from project.tracing import configure_tracing
+    from kafka_events.tracing import configure_tracing
 
     configure_tracing(service_name="celery")

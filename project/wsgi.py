@@ -6,7 +6,7 @@ from django.core.wsgi import get_wsgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings.local")
 django.setup(set_prefix=False)
 
-from project.tracing import configure_tracing  # noqa: E402  (needs the settings loaded)
+from kafka_events.tracing import configure_tracing  # noqa: E402  (needs the settings loaded)
 
 # Before the application loads its middleware: Django's instrumentation adds its own.
 configure_tracing(service_name="web")

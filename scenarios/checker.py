@@ -19,7 +19,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-from project.kafka import kafka_connection_config
+from kafka_events.kafka import kafka_connection_config
 
 # Examples kept per kind of problem in a report: enough to debug, small enough to print.
 EXAMPLES = 5

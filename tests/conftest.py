@@ -13,7 +13,7 @@ import redis
 from confluent_kafka.admin import AdminClient, NewTopic
 from django.conf import settings
 
-from project.kafka import kafka_connection_config
+from kafka_events.kafka import kafka_connection_config
 
 KAFKA_TIMEOUT_SECONDS = 30
 BROKER_LOG = Path(settings.BASE_DIR) / ".local" / "kafka" / "node-1" / "kafka.log"

@@ -28,8 +28,8 @@ from unfold.decorators import display
 from console.operations import ConsoleError, bulk_action_run
 from console.selectors import rows_counted_up_to, table_row_estimate
 from inbox.errors import InboxError
+from kafka_events.tracing import trace_id_from_headers
 from outbox.errors import OutboxError
-from project.tracing import trace_id_from_headers
 
 
 class ReadOnlyModelAdmin(ModelAdmin):

@@ -27,7 +27,7 @@ from inbox.services.offsets import (
 )
 from inbox.services.sequences import group_ordering, held_sequences
 from inbox.tracing import Outcome, process_span, running_in
-from project.tracing import active_tracer
+from kafka_events.tracing import active_tracer
 
 UNKNOWN_EVENT_TYPE_CHOICES = ("ignore", "fail")
 

@@ -15,7 +15,7 @@ from inbox.services.handler_runs import _run_handler, format_error
 from inbox.services.recording import PENDING, _failure_state
 from inbox.services.repairs import _replayable_failed
 from inbox.tracing import Outcome, retry_span, running_in
-from project.tracing import active_tracer
+from kafka_events.tracing import active_tracer
 
 
 def handler_run_again(

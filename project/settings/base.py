@@ -120,7 +120,7 @@ LOGGING = {
     "disable_existing_loggers": False,
     # A line written inside a span (the relay's send, a consumer's process) ends with its
     # trace_id and span_id, to find the trace from the log and the log from the trace.
-    "filters": {"trace_context": {"()": "project.tracing.TraceContextFilter"}},
+    "filters": {"trace_context": {"()": "kafka_events.tracing.TraceContextFilter"}},
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s%(trace_context)s"}
     },

@@ -26,7 +26,7 @@ TRACING_DISABLED_INSTRUMENTATIONS: list[str] = env.list(
 # with {trace_id} (32 hex digits), e.g. http://127.0.0.1:9411/zipkin/traces/{trace_id} for
 # Zipkin or https://jaeger.example.com/trace/{trace_id}. Empty: the trace id is shown as text.
 CONSOLE_TRACE_URL_TEMPLATE = env("CONSOLE_TRACE_URL_TEMPLATE", default="")
-# Whether the Django requests not to trace are given (else project.tracing.UNTRACED_URLS).
+# Whether the Django requests not to trace are given (else kafka_events.tracing.UNTRACED_URLS).
 TRACING_DJANGO_EXCLUDED_URLS_SET = bool(
     env("OTEL_PYTHON_DJANGO_EXCLUDED_URLS", default="")
     or env("OTEL_PYTHON_EXCLUDED_URLS", default="")

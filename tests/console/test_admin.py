@@ -65,7 +65,7 @@ def test_dashboard_shows_counts_failures_keys_and_health(
 def test_dashboard_reads_consumer_lag_from_kafka(operator, kafka_topic, settings):
     from confluent_kafka import Consumer, Producer, TopicPartition
 
-    from project.kafka import kafka_connection_config
+    from kafka_events.kafka import kafka_connection_config
 
     topic = kafka_topic(partitions=2)
     producer = Producer(kafka_connection_config())

@@ -86,7 +86,7 @@ def test_demo_traffic_completes_payments(settings):
     assert OutboxEvent.objects.filter(event_type="PaymentCompleted").count() == 3
     from confluent_kafka.admin import AdminClient
 
-    from project.kafka import kafka_connection_config
+    from kafka_events.kafka import kafka_connection_config
 
     admin = AdminClient(kafka_connection_config())
     for future in admin.delete_topics(
@@ -156,7 +156,7 @@ def test_a_duplicate_send_repeats_the_record_with_the_same_event_id(
     from confluent_kafka import Consumer, Producer
 
     from demo.services import demo_duplicate_send
-    from project.kafka import kafka_connection_config
+    from kafka_events.kafka import kafka_connection_config
 
     topic = kafka_topic()
     payment_complete(order_id="order-5", amount=Decimal(7))

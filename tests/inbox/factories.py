@@ -9,7 +9,7 @@ from typing import Any
 
 from confluent_kafka import Message, Producer
 
-from project.kafka import kafka_connection_config
+from kafka_events.kafka import kafka_connection_config
 
 FLUSH_TIMEOUT_SECONDS = 30
 

@@ -12,7 +12,7 @@ from inbox.models import ConsumerOffset, InboxMessage
 from inbox.records import synthetic_event_id
 from inbox.registry import HandlerRegistry
 from inbox.services.recording import BatchResult
-from project.kafka import kafka_connection_config
+from kafka_events.kafka import kafka_connection_config
 from tests.inbox.conftest import consume_for, consume_until, effect_counts, record_effect
 from tests.inbox.factories import Event, make_events, produce, produce_raw
 

@@ -7,7 +7,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from inbox.models import InboxMessage
-from project.kafka import kafka_connection_config
+from kafka_events.kafka import kafka_connection_config
 from tests.inbox.conftest import effect_counts, effect_workers, wait_for
 from tests.inbox.factories import make_events, produce
 from tests.inbox.test_consumer import committed_offsets

@@ -17,10 +17,10 @@ from opentelemetry.trace import SpanKind, StatusCode
 from inbox import handler
 from inbox.models import InboxMessage
 from inbox.services.retries import inbox_messages_retry_due
+from kafka_events.tracing import active_tracer
 from outbox import publish
 from outbox.log_relay import LogRelay
 from outbox.models import OutboxEvent
-from project.tracing import active_tracer
 from tests.inbox.conftest import consume_until
 from tests.inbox.factories import Event, produce
 from tests.inbox.test_consumer import unique_group

@@ -27,11 +27,11 @@ from opentelemetry.trace import (
 )
 
 import outbox
+from kafka_events.tracing import TraceContextFilter, active_tracer, use_tracer_provider
 from outbox.errors import DuplicateEvent
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
 from outbox.services.event_log import LogEvent
 from outbox.tracing import SendSpans, TraceContextMiddleware, caller_traceparent
-from project.tracing import TraceContextFilter, active_tracer, use_tracer_provider
 from tests.conftest import publish_numbered
 from tests.outbox.conftest import wait_until
 
@@ -68,7 +68,7 @@ def test_the_middleware_sets_a_valid_traceparent_for_the_request_only(header, se
 @contextmanager
 def recording_spans() -> Iterator[InMemorySpanExporter]:
     """An SDK tracer provider for the block, its spans kept in memory (OpenTelemetry's
-    global provider can be set once per process: project.tracing swaps it instead)."""
+    global provider can be set once per process: kafka_events.tracing swaps it instead)."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))

@@ -3,7 +3,7 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from project.kafka import kafka_connection_config
+from kafka_events.kafka import kafka_connection_config
 
 pytestmark = pytest.mark.kafka
 

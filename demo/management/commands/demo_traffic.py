@@ -11,10 +11,10 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from demo.services import demo_duplicate_send, payment_complete
+from kafka_events.kafka import kafka_connection_config
+from kafka_events.tracing import configure_tracing
 from outbox.models import OutboxEvent
 from outbox.selectors import outbox_events_with_delivery
-from project.kafka import kafka_connection_config
-from project.tracing import configure_tracing
 
 TOPIC_PARTITIONS = 3
 # Duplicates are sent of the latest this many published events.

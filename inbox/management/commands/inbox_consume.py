@@ -10,7 +10,7 @@ from inbox.checks import topic_retention_warnings
 from inbox.consumer import InboxConsumer
 from inbox.errors import NoHandlers
 from inbox.registry import get_registry
-from project.tracing import configure_tracing
+from kafka_events.tracing import configure_tracing
 
 logger = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ import psycopg
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import DatabaseError, connection
 
+from kafka_events.tracing import configure_tracing
 from outbox.log_relay import LogRelay
 from outbox.producer import close_producers, get_producer
 from outbox.relay import transactional_id_for
-from project.tracing import configure_tracing
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""project/tracing.py: the SDK is set up at process start only when OTEL_TRACES_EXPORTER asks.
+"""kafka_events/tracing.py: the SDK is set up at process start only when OTEL_TRACES_EXPORTER asks.
 
 Each case runs in a process of its own: OpenTelemetry's global tracer provider can be set
 once per process."""
@@ -27,7 +27,7 @@ from django.conf import settings
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
 from opentelemetry.instrumentation.django import DjangoInstrumentor
 from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
-from project.tracing import active_tracer, configure_tracing
+from kafka_events.tracing import active_tracer, configure_tracing
 exported = configure_tracing(service_name="probe")
 tracer = active_tracer()
 if tracer is not None:
