@@ -1,5 +1,5 @@
 """/metrics for Prometheus: the counters and histograms of outbox.metrics and inbox.metrics,
-summed over every process when PROMETHEUS_MULTIPROC_DIR is set (project/process_metrics.py),
+summed over every process when PROMETHEUS_MULTIPROC_DIR is set (kafka_events/process_metrics.py),
 else this process's own; plus gauges read from the database at scrape time, so that the
 backlog is the same whichever process answers."""
 
@@ -20,9 +20,9 @@ import outbox.metrics  # noqa: F401  (registers the relay's counters in this pro
 from console.selectors import status_counts
 from inbox.models import InboxMessage
 from inbox.selectors import inbox_held_key_counts
+from kafka_events.process_metrics import multiprocess_directory
 from outbox.models import OutboxEvent
 from outbox.selectors import outbox_oldest_pending_age_seconds
-from project.process_metrics import multiprocess_directory
 
 
 class DatabaseBacklogCollector(Collector):

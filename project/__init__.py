@@ -1,4 +1,4 @@
-from project.process_metrics import configure_process_metrics
+from kafka_events.process_metrics import configure_process_metrics
 
 # Before any app creates its metrics: counters of every process must reach /metrics.
 configure_process_metrics()

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from django.conf import settings
 
-from project.process_metrics import MULTIPROCESS_DIRECTORY_VARIABLE
+from kafka_events.process_metrics import MULTIPROCESS_DIRECTORY_VARIABLE
 from project.settings.environment import PRODUCTION_REQUIRED_VARIABLES
 
 BASE_DIR = Path(settings.BASE_DIR)

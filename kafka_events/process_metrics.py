@@ -20,7 +20,8 @@ def multiprocess_directory() -> str | None:
 
 
 def configure_process_metrics() -> None:
-    """Called before any metric is created (project/__init__.py)."""
+    """Call before any metric is created: at the start of the process (this project does in
+    project/__init__.py)."""
     directory = multiprocess_directory()
     if directory is None:
         return
