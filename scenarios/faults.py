@@ -206,12 +206,17 @@ def kafka_start(node: int) -> int:
     return int(_reported(output, rf"node {node} started: pid (\d+)").group(1))
 
 
-def kafka_pause(node: int) -> None:
-    services("kafka-pause", str(node))
+def kafka_pause(node: int) -> int:
+    """SIGSTOPs broker `node` and waits until the kernel shows it stopped; returns its pid.
+    Raises if the broker was not running."""
+    output = services("kafka-pause", str(node))
+    return int(_reported(output, rf"node {node} paused: pid (\d+)").group(1))
 
 
-def kafka_resume(node: int) -> None:
-    services("kafka-resume", str(node))
+def kafka_resume(node: int) -> int:
+    """SIGCONTs broker `node` and waits until it runs again; returns its pid."""
+    output = services("kafka-resume", str(node))
+    return int(_reported(output, rf"node {node} resumed: pid (\d+)").group(1))
 
 
 def postgres_log() -> Path:
@@ -232,8 +237,10 @@ def postgres_start() -> int:
     return int(_reported(output, r"started: postmaster pid (\d+)").group(1))
 
 
-def redis_stop() -> None:
-    services("redis-stop")
+def redis_stop() -> int:
+    """Stops Redis; returns the pid stopped. Raises if it was not running."""
+    output = services("redis-stop")
+    return int(_reported(output, r"redis +stopped: pid (\d+)").group(1))
 
 
 def redis_start() -> None:

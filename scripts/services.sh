@@ -377,13 +377,15 @@ EOF
 # gone; one that ignores SIGTERM for WAIT_SECONDS is killed. A broker that is not running is
 # an error: a fault test must know its fault happened. Leaves the pid it stopped in
 # KAFKA_STOPPED_PID, and KAFKA_STOP_FORCED=1 when SIGTERM had to be followed by SIGKILL.
-kafka_stop_node() {
-  local node="$1" signal="${2:-TERM}" pid dir
+# The pid of broker `node`, which must be running (dies otherwise, saying what it was asked
+# to do); a pid file left behind by a broker that is gone is removed.
+kafka_running_pid() {
+  local node="$1" doing="$2" pid dir
   dir="$(kafka_node_dir "$node")"
   pid="$(kafka_node_pid "$node")"
   if [[ -z "$pid" ]] || ! kill -0 "$pid" 2>/dev/null; then
     rm -f "$dir/kafka.pid"
-    die "kafka node $node is not running${pid:+ (its pid $pid is gone)}: nothing to stop with SIG$signal"
+    die "kafka node $node is not running${pid:+ (its pid $pid is gone)}: nothing to $doing"
   fi
   # A pid file left by a broker that died, whose pid another process has taken since.
   if [[ -r "/proc/$pid/cmdline" ]] \
@@ -391,6 +393,33 @@ kafka_stop_node() {
     rm -f "$dir/kafka.pid"
     die "kafka node $node is not running: its pid $pid now belongs to another process"
   fi
+  echo "$pid"
+}
+
+# The state letter of a process (ps(1)): T once SIGSTOP has taken effect.
+process_state() { awk '{print $3}' "/proc/$1/stat" 2>/dev/null; }
+
+# SIGSTOP (pause) or SIGCONT (resume) to broker `node`; waits until the kernel shows the
+# process stopped, or no longer stopped, and reports its pid.
+kafka_signal_node() {
+  local node="$1" signal="$2" pid
+  pid="$(kafka_running_pid "$node" "signal with SIG$signal")" || exit 1
+  kill "-$signal" "$pid"
+  paused() { [[ "$(process_state "$pid")" == T ]]; }
+  running() { ! paused; }
+  if [[ "$signal" == STOP ]]; then
+    wait_for "kafka node $node stopped by SIGSTOP" paused
+    log kafka "node $node paused: pid $pid, SIGSTOP"
+  else
+    wait_for "kafka node $node resumed by SIGCONT" running
+    log kafka "node $node resumed: pid $pid, SIGCONT"
+  fi
+}
+
+kafka_stop_node() {
+  local node="$1" signal="${2:-TERM}" pid dir
+  dir="$(kafka_node_dir "$node")"
+  pid="$(kafka_running_pid "$node" "stop with SIG$signal")" || exit 1
   KAFKA_STOPPED_PID="$pid"
   KAFKA_STOP_FORCED=0
   kill "-$signal" "$pid"
@@ -608,8 +637,8 @@ case "$command" in
       log kafka "node $2 stopped: pid $KAFKA_STOPPED_PID, SIG$signal"
     fi
     ;;
-  kafka-pause) kill -STOP "$(kafka_node_pid "${2:?broker number}")" ;;
-  kafka-resume) kill -CONT "$(kafka_node_pid "${2:?broker number}")" ;;
+  kafka-pause) kafka_signal_node "${2:?broker number}" STOP ;;
+  kafka-resume) kafka_signal_node "${2:?broker number}" CONT ;;
   postgres-crash)
     # Immediate mode: no checkpoint, clients cut off; recovery replays the WAL at start.
     # Reports the postmaster's pid; exits non-zero when this project's server is not running.
@@ -628,7 +657,15 @@ case "$command" in
     wait_for postgres pg_ready
     log postgres "started: postmaster pid $(head -n 1 "$PG_DATA/postmaster.pid")"
     ;;
-  redis-stop) redis_down ;;
+  redis-stop)
+    # A fault: reports the pid stopped; exits non-zero when this project's Redis was not
+    # running (`down` stops it only if it is).
+    pid="$(cat "$REDIS_PIDFILE" 2>/dev/null || true)"
+    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null \
+      || die "Redis is not running from $(dirname "$REDIS_PIDFILE"): nothing to stop"
+    redis_down
+    log redis "stopped: pid $pid"
+    ;;
   redis-start) redis_up ;;
   *)
     echo "usage: $0 up|down|status|kafka-start N|kafka-stop N|kafka-kill N|kafka-pause N|kafka-resume N|postgres-crash|postgres-start|redis-stop|redis-start|zipkin-up|zipkin-down" >&2
