@@ -7,6 +7,7 @@ import functools
 import time
 from typing import Any
 
+import redis
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from django.conf import settings
@@ -15,7 +16,7 @@ from django.template.response import SimpleTemplateResponse
 from django.utils import timezone
 from django.utils.cache import add_never_cache_headers
 from health_check.base import HealthCheck
-from health_check.exceptions import ServiceUnavailable, ServiceWarning
+from health_check.exceptions import ServiceUnavailable
 from health_check.views import HealthCheckView
 from redis.asyncio import Redis as AsyncRedis
 
@@ -60,14 +61,17 @@ class Kafka(HealthCheck):
 
 @dataclasses.dataclass
 class CeleryBeat(HealthCheck):
-    """Beat's last tick, as django-celery-beat records it (PeriodicTask.last_run_at)."""
+    """Beat's last tick, from its heartbeat (console/beat.py)."""
 
     def run(self) -> None:
-        from console.selectors import _beat_last_tick
+        from console.beat import beat_last_tick
 
-        last = _beat_last_tick()
+        try:
+            last = beat_last_tick()
+        except (redis.RedisError, OSError) as error:
+            raise ServiceUnavailable("Celery beat's heartbeat cannot be read") from error
         if last is None:
-            raise ServiceWarning("Celery beat has never ticked")
+            raise ServiceUnavailable("Celery beat has no heartbeat: not running")
         age = (timezone.now() - last).total_seconds()
         if age > settings.CONSOLE_BEAT_STALE_SECONDS[1]:
             raise ServiceUnavailable(f"Celery beat's last tick was {int(age)} s ago")

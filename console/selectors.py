@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+import redis
 from django.conf import settings
 from django.core.cache import cache
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Count, Max, Model, QuerySet, Sum
+from django.db.models import Count, Model, QuerySet, Sum
 from django.utils import timezone
 
 from console.consumer_lag import ConsumerLag
@@ -239,8 +240,6 @@ def _colour_for_age(age: float | None, thresholds: list[float]) -> str:
 
 
 def _redis_health() -> PartHealth:
-    import redis
-
     try:
         client = redis.Redis.from_url(
             settings.CELERY_BROKER_URL, socket_timeout=0.5, socket_connect_timeout=0.5
@@ -252,11 +251,21 @@ def _redis_health() -> PartHealth:
     return PartHealth("Redis", GREEN, "answers PING")
 
 
-def _beat_last_tick() -> datetime | None:
-    from django_celery_beat.models import PeriodicTask
+def _beat_health(now: datetime) -> PartHealth:
+    from console.beat import beat_last_tick
 
-    last: datetime | None = PeriodicTask.objects.aggregate(last=Max("last_run_at"))["last"]
-    return last
+    try:
+        last_tick = beat_last_tick()
+    except (redis.RedisError, OSError) as error:
+        return PartHealth("Celery beat", RED, f"heartbeat unreadable: {error}"[:200])
+    if last_tick is None:
+        return PartHealth("Celery beat", RED, "no heartbeat: not running")
+    age = max(0.0, (now - last_tick).total_seconds())
+    return PartHealth(
+        "Celery beat",
+        _colour_for_age(age, settings.CONSOLE_BEAT_STALE_SECONDS),
+        f"last tick {age:.0f} s ago",
+    )
 
 
 def health_parts(*, kafka: ConsumerLag, oldest_pending_age: float | None) -> list[PartHealth]:
@@ -274,15 +283,7 @@ def health_parts(*, kafka: ConsumerLag, oldest_pending_age: float | None) -> lis
         else PartHealth("Kafka", RED, kafka.error or "unreachable")
     )
     parts.append(_redis_health())
-    last_tick = _beat_last_tick()
-    tick_age = None if last_tick is None else (now - last_tick).total_seconds()
-    parts.append(
-        PartHealth(
-            "Celery beat",
-            _colour_for_age(tick_age, settings.CONSOLE_BEAT_STALE_SECONDS),
-            "never ticked" if last_tick is None else f"last tick {int(tick_age or 0)} s ago",
-        )
-    )
+    parts.append(_beat_health(now))
     last_success = outbox_last_published_at()
     # The relay is healthy while nothing waits long, however long ago it last had work.
     colour = (

@@ -80,10 +80,10 @@ CONSOLE_KAFKA_CACHE_SECONDS = env.float("CONSOLE_KAFKA_CACHE_SECONDS", default=5
 # The dashboard's slower reads (quarantined keys, failures by class, the day's rates) are
 # cached this long; 0 reads them on every page view.
 CONSOLE_DASHBOARD_CACHE_SECONDS = env.float("CONSOLE_DASHBOARD_CACHE_SECONDS", default=10.0)
-# Health colours: amber past the first number, red past the second.
-# django-celery-beat writes last_run_at when its scheduler syncs (every 3 minutes by default).
+# Health colours: amber past the first number, red past the second. Beat's heartbeat is
+# written on its ticks (at least every 5 s; console/beat.py).
 CONSOLE_BEAT_STALE_SECONDS = env.list(
-    "CONSOLE_BEAT_STALE_SECONDS", cast=float, default=[240.0, 600.0]
+    "CONSOLE_BEAT_STALE_SECONDS", cast=float, default=[15.0, 60.0]
 )
 CONSOLE_PENDING_AGE_SECONDS = env.list(
     "CONSOLE_PENDING_AGE_SECONDS", cast=float, default=[60.0, 600.0]
