@@ -31,6 +31,13 @@ def analytics_run_latest(*, status: str | None = SUCCEEDED) -> AnalyticsRun | No
     return analytics_run_list(status=status).first()
 
 
+def analytics_run_latest_window() -> AnalyticsRun | None:
+    """The succeeded run whose window ends last: what is known of the most recent traffic. A
+    run started later over an older window (a re-run of last year) does not hide it."""
+    runs = AnalyticsRun.objects.filter(status=SUCCEEDED)
+    return runs.order_by("-window_end", "-finished_at").first()
+
+
 def delivery_lag_series(
     *,
     stage: str | None = DeliveryLagStat.Stage.END_TO_END,

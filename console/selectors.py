@@ -306,12 +306,13 @@ def health_parts(*, kafka: ConsumerLag, oldest_pending_age: float | None) -> lis
 
 
 def latest_analytics() -> dict[str, Any] | None:
-    """The latest succeeded analytics run, or None when analytics is absent or has no run."""
+    """The succeeded analytics run over the latest window, with how long ago that window ended,
+    or None when analytics is absent or has no run."""
     try:
         from analytics import selectors as analytics_selectors
 
         with transaction.atomic():
-            run = analytics_selectors.analytics_run_latest()
+            run = analytics_selectors.analytics_run_latest_window()
     except Exception as error:  # the console works without analytics
         logger.debug("No analytics results: %s", error)
         return None
@@ -321,6 +322,7 @@ def latest_analytics() -> dict[str, Any] | None:
     return {
         "window_start": run.window_start,
         "window_end": run.window_end,
+        "window_age_seconds": max(0.0, (timezone.now() - run.window_end).total_seconds()),
         "finished_at": run.finished_at,
         "summary": summary,
     }
