@@ -4,6 +4,8 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, register
 
+from console.privacy import MaskedFieldError, masked_field_paths
+
 
 @register()
 def check_trace_url_template(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
@@ -29,3 +31,12 @@ def check_trace_url_template(app_configs: Any, **kwargs: Any) -> list[CheckMessa
             id="console.E001",
         )
     ]
+
+
+@register()
+def check_masked_fields(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
+    try:
+        masked_field_paths(settings.CONSOLE_MASKED_FIELDS)
+    except MaskedFieldError as error:
+        return [Error(f"CONSOLE_MASKED_FIELDS: {error}", id="console.E002")]
+    return []

@@ -154,3 +154,15 @@ class OperatorAction(models.Model):
         return (
             f"{self.username} {self.action} x{self.requested} at {self.created_at:%Y-%m-%d %H:%M}"
         )
+
+
+class ConsoleAccess(models.Model):
+    """No table: it carries the console's permissions that guard no model of their own."""
+
+    class Meta:
+        managed = False
+        default_permissions = ()
+        permissions = (("view_payload", "Can see the payloads and headers of events and messages"),)
+
+    def __str__(self) -> str:
+        return "console permissions"

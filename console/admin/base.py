@@ -26,6 +26,7 @@ from unfold.contrib.filters.admin import FieldTextFilter
 from unfold.decorators import display
 
 from console.operations import ConsoleError, bulk_action_run
+from console.privacy import masked, may_view_payload
 from console.selectors import rows_counted_up_to, table_row_estimate
 from inbox.errors import InboxError
 from kafka_events.tracing import trace_id_from_headers
@@ -303,6 +304,10 @@ def _bounded_count(queryset: QuerySet) -> dict[str, Any]:
     return {"count": min(count, limit), "count_is_exact": count <= limit}
 
 
+# What a detail page shows of an event's or a message's content (console/privacy.py).
+PAYLOAD_FIELDS = frozenset({"payload_json", "headers_json", "raw_value", "raw_value_encoding"})
+
+
 class DeliveryAdmin(ReadOnlyModelAdmin):
     """What the admins of outbox events and inbox messages share: a list that never counts the
     whole table nor loads payloads, status badges and JSON fields, and the retry, discard and
@@ -375,11 +380,32 @@ class DeliveryAdmin(ReadOnlyModelAdmin):
 
     @display(description="Payload")
     def payload_json(self, row: Any) -> str:
-        return pretty_json(row.payload)
+        return pretty_json(masked(row.payload, "payload"))
 
     @display(description="Headers")
     def headers_json(self, row: Any) -> str:
-        return pretty_json(row.headers)
+        return pretty_json(masked(row.headers, "headers"))
+
+    @display(description="Payload and headers")
+    def payload_hidden(self, row: Any) -> str:
+        return "Hidden: seeing them needs the permission console.view_payload."
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        """Without console.view_payload, the payload, the headers and a record's raw value
+        give way to a line that says why they are not shown."""
+        fieldsets = super().get_fieldsets(request, obj)
+        if may_view_payload(request.user):
+            return fieldsets
+        shown = []
+        for name, options in fieldsets:
+            fields = [field for field in options["fields"] if field not in PAYLOAD_FIELDS]
+            if len(fields) < len(options["fields"]):
+                fields.append("payload_hidden")
+            shown.append((name, {**options, "fields": tuple(fields)}))
+        return shown
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Sequence[str]:
+        return (*super().get_readonly_fields(request, obj), "payload_hidden")
 
     @display(description="Trace")
     def trace(self, row: Any) -> str | None:

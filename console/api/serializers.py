@@ -9,6 +9,8 @@ from django_filters import FilterSet
 from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers
 
+from console.privacy import ROOTS, masked, may_view_payload
+
 
 class ActionInputSerializer(serializers.Serializer):
     note = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
@@ -99,3 +101,23 @@ def bulk_request_schema(
         serializers=[by_ids, by_filter],
         resource_type_field_name=None,
     )
+
+
+class PayloadPrivacyMixin(serializers.Serializer):
+    """An event's or a message's content as console/privacy.py lets the requesting user see
+    it: null without console.view_payload, masked fields replaced with it."""
+
+    CONTENT_FIELDS = ("payload", "headers", "raw_value", "raw_value_encoding")
+
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        data: dict[str, Any] = super().to_representation(instance)
+        request = self.context.get("request")
+        if not may_view_payload(getattr(request, "user", None)):
+            for field in self.CONTENT_FIELDS:
+                if field in data:
+                    data[field] = None
+            return data
+        for root in ROOTS:
+            if root in data:
+                data[root] = masked(data[root], root)
+        return data

@@ -68,6 +68,10 @@ API_BULK_MAX_IDS = env.int("API_BULK_MAX_IDS", default=1000)
 CONSOLE_BULK_CHUNK_SIZE = env.int("CONSOLE_BULK_CHUNK_SIZE", default=1000)
 # A bulk action refuses a filter that matches more rows than this; narrow the filter.
 CONSOLE_BULK_MAX_ROWS = env.int("CONSOLE_BULK_MAX_ROWS", default=1_000_000)
+# Fields of payloads and headers shown masked to everyone (console/privacy.py), comma-separated
+# paths: CONSOLE_MASKED_FIELDS=payload.customer.email,payload.items.*.card,headers.authorization
+# Payloads and headers at all only to users with console.view_payload.
+CONSOLE_MASKED_FIELDS: list[str] = env.list("CONSOLE_MASKED_FIELDS", default=[])
 # Lists count exactly up to this many matches and show "more than" beyond; an unfiltered
 # list shows PostgreSQL's estimate of the table's size.
 CONSOLE_COUNT_LIMIT = env.int("CONSOLE_COUNT_LIMIT", default=10_000)

@@ -35,6 +35,7 @@ ACTION_PERMISSIONS = (
     "inbox.skip_inboxsequencehead",
     "inbox.release_inboxkey",
 )
+PAYLOAD_PERMISSION = "console.view_payload"
 # The relay named on the delivery records the fixtures write.
 RELAY = "relay-1"
 
@@ -70,8 +71,16 @@ def viewer(make_user: Callable[..., User]) -> User:
 
 
 @pytest.fixture
+def payload_viewer(make_user: Callable[..., User]) -> User:
+    """A viewer who may also see payloads and headers (console/privacy.py)."""
+    return make_user(*VIEW_PERMISSIONS, PAYLOAD_PERMISSION, username="payload-viewer")
+
+
+@pytest.fixture
 def operator(make_user: Callable[..., User]) -> User:
-    return make_user(*VIEW_PERMISSIONS, *ACTION_PERMISSIONS, username="operator")
+    return make_user(
+        *VIEW_PERMISSIONS, *ACTION_PERMISSIONS, PAYLOAD_PERMISSION, username="operator"
+    )
 
 
 @pytest.fixture

@@ -187,11 +187,13 @@ def test_outbox_list_never_counts_the_whole_table(
     assert not [q["sql"] for q in queries if '"payload"' in q["sql"] and "outbox_event" in q["sql"]]
 
 
-def test_outbox_detail_shows_json_kafka_position_and_timeline(viewer, make_event, make_message):
+def test_outbox_detail_shows_json_kafka_position_and_timeline(
+    payload_viewer, make_event, make_message
+):
     event = make_event(OutboxEvent.Status.DONE)
     make_message(event_id=str(event.pk), group="billing")
     make_message(InboxMessage.Status.FAILED, event_id=str(event.pk), group="shipping")
-    response = logged_in(viewer).get(f"{EVENTS}{event.pk}/change/")
+    response = logged_in(payload_viewer).get(f"{EVENTS}{event.pk}/change/")
     assert response.status_code == 200
     html = response.content.decode()
     assert "&quot;amount&quot;: &quot;12.50&quot;" in html  # pretty-printed JSON

@@ -244,11 +244,13 @@ def test_the_list_pages_newest_first_through_events_of_one_transaction(
     assert seen == written[::-1]
 
 
-def test_detail_shows_payload_headers_and_the_consumers_timeline(viewer, make_event, make_message):
+def test_detail_shows_payload_headers_and_the_consumers_timeline(
+    payload_viewer, make_event, make_message
+):
     event = make_event(OutboxEvent.Status.DONE)
     make_message(event_id=str(event.pk), group="billing")
     make_message(InboxMessage.Status.FAILED, event_id=str(event.pk), group="shipping")
-    body = client_for(viewer).get(f"{EVENTS}{event.pk}/").json()
+    body = client_for(payload_viewer).get(f"{EVENTS}{event.pk}/").json()
     assert body["payload"]["amount"] == "12.50"
     assert body["headers"]["tenant"] == "acme"
     assert body["kafka_partition"] == 0

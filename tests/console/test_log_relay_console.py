@@ -100,8 +100,8 @@ def log_relay_events(make_event):
 
 
 @pytest.mark.django_db
-def test_api_shows_the_delivery_of_each_state(viewer, log_relay_events):
-    client = client_for(viewer)
+def test_api_shows_the_delivery_of_each_state(payload_viewer, log_relay_events):
+    client = client_for(payload_viewer)
     rows = {row["id"]: row for row in client.get(API).json()["results"]}
     done = rows[str(log_relay_events["done"].pk)]
     assert (done["status"], done["kafka_partition"], done["kafka_offset"]) == ("DONE", 2, 77)

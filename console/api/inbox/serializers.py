@@ -1,6 +1,10 @@
 from rest_framework import serializers
 
-from console.api.serializers import ActionInputSerializer, BulkInputSerializer
+from console.api.serializers import (
+    ActionInputSerializer,
+    BulkInputSerializer,
+    PayloadPrivacyMixin,
+)
 from inbox.models import InboxMessage
 
 LIST_FIELDS = (
@@ -35,9 +39,12 @@ class InboxMessageListSerializer(serializers.ModelSerializer):
         read_only_fields = LIST_FIELDS
 
 
-class InboxMessageDetailSerializer(serializers.ModelSerializer):
-    payload = serializers.JSONField(read_only=True)
-    headers = serializers.JSONField(read_only=True)
+class InboxMessageDetailSerializer(PayloadPrivacyMixin, serializers.ModelSerializer):
+    # Null without console.view_payload (console/privacy.py).
+    payload = serializers.JSONField(read_only=True, allow_null=True)
+    headers = serializers.JSONField(read_only=True, allow_null=True)
+    raw_value = serializers.CharField(read_only=True, allow_null=True)
+    raw_value_encoding = serializers.CharField(read_only=True, allow_null=True)
 
     class Meta:
         model = InboxMessage

@@ -96,7 +96,8 @@ class InboxMessageViewSet(viewsets.ReadOnlyModelViewSet):
             source="api",
             note=serializer.validated_data["note"],
         )
-        return Response(InboxMessageDetailSerializer(message).data)
+        detail = InboxMessageDetailSerializer(message, context=self.get_serializer_context())
+        return Response(detail.data)
 
     @extend_schema(request=ActionInputSerializer, responses=InboxMessageDetailSerializer)
     @action(detail=True, methods=["post"])

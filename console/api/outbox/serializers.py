@@ -1,6 +1,10 @@
 from rest_framework import serializers
 
-from console.api.serializers import ActionInputSerializer, BulkInputSerializer
+from console.api.serializers import (
+    ActionInputSerializer,
+    BulkInputSerializer,
+    PayloadPrivacyMixin,
+)
 from console.selectors import event_consumers
 from inbox.models import InboxMessage
 from outbox.models import OutboxDelivery, OutboxEvent
@@ -90,9 +94,10 @@ class InboxTimelineSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class OutboxEventDetailSerializer(OutboxEventListSerializer):
-    payload = serializers.JSONField(read_only=True)
-    headers = serializers.JSONField(read_only=True)
+class OutboxEventDetailSerializer(PayloadPrivacyMixin, OutboxEventListSerializer):
+    # Null without console.view_payload (console/privacy.py).
+    payload = serializers.JSONField(read_only=True, allow_null=True)
+    headers = serializers.JSONField(read_only=True, allow_null=True)
     # The event's timeline: its inbox rows in every consumer group.
     consumers = serializers.SerializerMethodField()
 

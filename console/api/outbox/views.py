@@ -118,7 +118,9 @@ class OutboxEventViewSet(viewsets.ReadOnlyModelViewSet):
         )
         # Read again with its delivery: the repair changed the held set and the delivery
         # records, not the row, and a replay with a new event id returns a new row.
-        return Response(OutboxEventDetailSerializer(outbox_event_delivered(event_id=event.pk)).data)
+        event = outbox_event_delivered(event_id=event.pk)
+        detail = OutboxEventDetailSerializer(event, context=self.get_serializer_context())
+        return Response(detail.data)
 
     @extend_schema(responses=OutboxDeliverySerializer(many=True))
     @action(
