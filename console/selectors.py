@@ -14,7 +14,7 @@ import redis
 from django.conf import settings
 from django.core.cache import cache
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Count, Model, QuerySet, Sum
+from django.db.models import Count, Model, Q, QuerySet, Sum
 from django.utils import timezone
 
 from console.consumer_lag import ConsumerLag
@@ -171,7 +171,7 @@ def failures_by_error_class(*, limit: int = 10) -> list[dict[str, Any]]:
     FAILURE_SAMPLE_ROWS FAILED rows of the outbox and of the inbox that no operator discarded.
     The outbox's FAILED rows are the held heads whose attempts are spent, the latest held
     first."""
-    error_class = "split_part(split_part(last_error, E'\\n', 1), ':', 1)"
+    error_class = ERROR_CLASS_SQL
     # Composed of constants only.
     outbox_failed = (
         f"SELECT 'outbox' AS side, {error_class} AS error_class "  # noqa: S608
@@ -193,9 +193,84 @@ def failures_by_error_class(*, limit: int = 10) -> list[dict[str, Any]]:
             {"sample": FAILURE_SAMPLE_ROWS, "limit": limit},
         )
         return [
-            {"side": side, "error_class": error_class or "(no error text)", "count": count}
+            {"side": side, "error_class": error_class or NO_ERROR_TEXT, "count": count}
             for side, error_class, count in cursor.fetchall()
         ]
+
+
+# How a failure's class is read from its error text: the text before ':' on its first line
+# ("MSG_SIZE_TOO_LARGE: ...", "ValueError: ..."), as the dashboard and the failure groups
+# name it. An empty text is its own class.
+ERROR_CLASS_SQL = "split_part(split_part(last_error, E'\\n', 1), ':', 1)"
+NO_ERROR_TEXT = "(no error text)"
+FAILURE_GROUPS_SHOWN = 200
+
+
+@dataclass(frozen=True)
+class FailureGroup:
+    """FAILED rows of one side with one error class, on one topic (and consumer group)."""
+
+    error_class: str
+    topic: str
+    consumer_group: str
+    count: int
+    first_seen: datetime
+    last_seen: datetime
+    sample_id: Any
+    sample_error: str
+
+
+def failure_groups(side: str) -> list[FailureGroup]:
+    """Every FAILED row no operator discarded, grouped by error class and topic (and group,
+    for the inbox): the largest groups first, at most FAILURE_GROUPS_SHOWN. The outbox's are
+    its held heads whose attempts are spent (first and last seen: when they began to hold
+    their keys); the inbox's its FAILED messages (when the first and the last were
+    received)."""
+    if side == "outbox":
+        sql = f"""
+            SELECT {ERROR_CLASS_SQL}, topic, '', count(*), min(held_at), max(held_at),
+                   (array_agg(event_id ORDER BY held_at DESC))[1],
+                   (array_agg(last_error ORDER BY held_at DESC))[1]
+            FROM outbox_held_event WHERE next_attempt_at IS NULL AND attempts > 0
+            GROUP BY 1, 2 ORDER BY 4 DESC, 1, 2 LIMIT %(limit)s
+        """  # noqa: S608  (constants only)
+    elif side == "inbox":
+        sql = f"""
+            SELECT {ERROR_CLASS_SQL}, topic, consumer_group, count(*), min(received_at),
+                   max(received_at), (array_agg(id ORDER BY received_at DESC))[1],
+                   (array_agg(last_error ORDER BY received_at DESC))[1]
+            FROM inbox_message WHERE status = 'FAILED' AND discarded_at IS NULL
+            GROUP BY 1, 2, 3 ORDER BY 4 DESC, 1, 2, 3 LIMIT %(limit)s
+        """  # noqa: S608  (constants only)
+    else:
+        raise ValueError(f"no such side: {side!r}")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"limit": FAILURE_GROUPS_SHOWN})
+        rows = cursor.fetchall()
+    return [
+        FailureGroup(
+            error_class=error_class or NO_ERROR_TEXT,
+            topic=topic,
+            consumer_group=group,
+            count=count,
+            first_seen=first,
+            last_seen=last,
+            sample_id=sample_id,
+            sample_error=sample_error or "",
+        )
+        for error_class, topic, group, count, first, last, sample_id, sample_error in rows
+    ]
+
+
+def error_class_condition(error_class: str, *, field: str = "last_error") -> Q:
+    """Rows whose error text (in `field`) is of `error_class` (see ERROR_CLASS_SQL)."""
+    if error_class == NO_ERROR_TEXT:
+        return Q(**{field: ""}) | Q(**{f"{field}__isnull": True})
+    return (
+        Q(**{field: error_class})
+        | Q(**{f"{field}__startswith": f"{error_class}:"})
+        | Q(**{f"{field}__startswith": f"{error_class}\n"})
+    )
 
 
 def duplicates_since(since: datetime) -> dict[str, int]:

@@ -22,12 +22,17 @@ from django.urls import URLPattern, path, reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 from unfold.admin import ModelAdmin
-from unfold.contrib.filters.admin import FieldTextFilter
+from unfold.contrib.filters.admin import FieldTextFilter, TextFilter
 from unfold.decorators import display
 
 from console.operations import ConsoleError, bulk_action_run
 from console.privacy import masked, may_view_payload
-from console.selectors import rows_counted_up_to, table_row_estimate
+from console.selectors import (
+    error_class_condition,
+    failure_groups,
+    rows_counted_up_to,
+    table_row_estimate,
+)
 from inbox.errors import InboxError
 from kafka_events.tracing import trace_id_from_headers
 from outbox.errors import OutboxError
@@ -107,6 +112,26 @@ class ExactTextFilter(FieldTextFilter):
 
     def expected_parameters(self) -> list[str | None]:
         return [self.field_path]
+
+
+class ErrorClassFilter(TextFilter):
+    """Rows whose last error is of the class typed: the text before ':' on its first line,
+    as the dashboard and the failure groups name it."""
+
+    title = "error class"
+    parameter_name = "error_class"
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = (self.value() or "").strip()
+        if not value:
+            return queryset
+        field = getattr(self, "error_field", "last_error")
+        return queryset.filter(error_class_condition(value, field=field))
+
+
+def error_class_filter(field: str) -> type[ErrorClassFilter]:
+    """The filter on the error text in `field` (a column, or an annotation of the list)."""
+    return type("ErrorClassFilter", (ErrorClassFilter,), {"error_field": field})
 
 
 def pretty_json(value: Any) -> str:
@@ -316,8 +341,11 @@ class DeliveryAdmin(ReadOnlyModelAdmin):
 
     # The model's permissions (OutboxEventPermission, InboxMessagePermission).
     permissions: Any
-    # The operator action that "Retry all matching the filter" runs.
+    # The operator actions that "Retry all matching the filter" and "Discard all matching"
+    # run, and the side its failure groups are read from (console.selectors.failure_groups).
     retry_action: str
+    discard_action: str
+    failure_side: str
     # Heavy columns a list page never shows.
     deferred_on_list: tuple[str, ...] = ("payload", "headers")
     # How messages name a row: "event", "message".
@@ -361,11 +389,22 @@ class DeliveryAdmin(ReadOnlyModelAdmin):
 
     def get_urls(self) -> list[URLPattern]:
         opts = self.model._meta
+        prefix = f"{opts.app_label}_{opts.model_name}"
         return [
             path(
                 "retry-matching/",
                 self.admin_site.admin_view(self.retry_matching_view),
-                name=f"{opts.app_label}_{opts.model_name}_retry_matching",
+                name=f"{prefix}_retry_matching",
+            ),
+            path(
+                "discard-matching/",
+                self.admin_site.admin_view(self.discard_matching_view),
+                name=f"{prefix}_discard_matching",
+            ),
+            path(
+                "failure-groups/",
+                self.admin_site.admin_view(self.failure_groups_view),
+                name=f"{prefix}_failure_groups",
             ),
             *super().get_urls(),
         ]
@@ -462,3 +501,50 @@ class DeliveryAdmin(ReadOnlyModelAdmin):
             permission_check=self.has_retry_permission,
             verb="Retry",
         )
+
+    def discard_matching_view(self, request: HttpRequest) -> HttpResponse:
+        return bulk_matching_view(
+            self,
+            request,
+            action=self.discard_action,
+            permission_check=self.has_discard_permission,
+            verb="Discard",
+        )
+
+    def failure_groups_view(self, request: HttpRequest) -> HttpResponse:
+        """FAILED rows grouped by error class and topic (and consumer group): each group's
+        count, first and last seen, a sample, and "retry" / "discard this group", which
+        confirm with the group's count first (the matching views) and are audited."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        opts = self.model._meta
+        prefix = f"admin:{opts.app_label}_{opts.model_name}"
+        groups = []
+        for group in failure_groups(self.failure_side):
+            query = {"status__exact": "FAILED", "error_class": group.error_class}
+            query["topic"] = group.topic
+            if group.consumer_group:
+                query["consumer_group"] = group.consumer_group
+            filters = QueryDict(mutable=True)
+            filters.update(query)
+            groups.append(
+                {
+                    "group": group,
+                    "list_url": f"{reverse(f'{prefix}_changelist')}?{filters.urlencode()}",
+                    "sample_url": reverse(f"{prefix}_change", args=[group.sample_id]),
+                    "retry_url": f"{reverse(f'{prefix}_retry_matching')}?{filters.urlencode()}",
+                    "discard_url": (
+                        f"{reverse(f'{prefix}_discard_matching')}?{filters.urlencode()}"
+                    ),
+                }
+            )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Failure groups: {opts.verbose_name_plural}",
+            "opts": opts,
+            "groups": groups,
+            "grouped_by_consumer_group": self.failure_side == "inbox",
+            "may_retry": self.has_retry_permission(request),
+            "may_discard": self.has_discard_permission(request),
+        }
+        return TemplateResponse(request, "admin/console/failure_groups.html", context)

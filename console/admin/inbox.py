@@ -19,6 +19,7 @@ from unfold.decorators import action, display
 from console.admin.base import (
     DeliveryAdmin,
     ExactTextFilter,
+    error_class_filter,
     lag_text,
     log_position_text,
     run_selected_action,
@@ -37,6 +38,8 @@ Action = OperatorAction.Action
 class InboxMessageAdmin(DeliveryAdmin):
     permissions = InboxMessagePermission
     retry_action = Action.INBOX_RETRY
+    discard_action = Action.INBOX_DISCARD
+    failure_side = "inbox"
     deferred_on_list = ("payload", "headers", "raw_value")
     row_noun = "message"
 
@@ -62,6 +65,7 @@ class InboxMessageAdmin(DeliveryAdmin):
         ("topic", ExactTextFilter),
         ("received_at", RangeDateTimeFilter),
         ("processed_at", RangeDateTimeFilter),
+        error_class_filter("last_error"),
     )
     search_fields = ("event_id", "aggregate_id", "key")
     ordering = ("-received_at",)

@@ -30,6 +30,7 @@ from unfold.utils import parse_datetime_str
 from console.admin.base import (
     DeliveryAdmin,
     ExactTextFilter,
+    error_class_filter,
     lag_text,
     log_position_text,
     preformatted,
@@ -137,6 +138,8 @@ class DeliveredAtRangeFilter(admin.ListFilter):
 class OutboxEventAdmin(DeliveryAdmin):
     permissions = OutboxEventPermission
     retry_action = Action.OUTBOX_RETRY
+    discard_action = Action.OUTBOX_DISCARD
+    failure_side = "outbox"
     row_noun = "event"
 
     list_display = (
@@ -158,6 +161,8 @@ class OutboxEventAdmin(DeliveryAdmin):
         ("topic", ExactTextFilter),
         ("created_at", RangeDateTimeFilter),
         DeliveredAtRangeFilter,
+        # The error as users see it: the held head's, else the latest failed try's.
+        error_class_filter("delivery_error"),
     )
     search_fields = ("id", "key")
     search_help_text = (
