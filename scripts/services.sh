@@ -396,6 +396,21 @@ kafka_running_pid() {
   echo "$pid"
 }
 
+# Sends `signal` to `pid` and waits until it is gone; SIGKILL if it is still there after
+# WAIT_SECONDS. STOP_FORCED says whether it took the SIGKILL.
+stop_process() {
+  local pid="$1" signal="$2" deadline=$((SECONDS + WAIT_SECONDS))
+  STOP_FORCED=0
+  kill "-$signal" "$pid"
+  while kill -0 "$pid" 2>/dev/null; do
+    if ((SECONDS >= deadline && ! STOP_FORCED)); then
+      kill -KILL "$pid" 2>/dev/null || true
+      STOP_FORCED=1
+    fi
+    sleep 0.2
+  done
+}
+
 # The state letter of a process (ps(1)): T once SIGSTOP has taken effect.
 process_state() { awk '{print $3}' "/proc/$1/stat" 2>/dev/null; }
 
@@ -421,16 +436,8 @@ kafka_stop_node() {
   dir="$(kafka_node_dir "$node")"
   pid="$(kafka_running_pid "$node" "stop with SIG$signal")" || exit 1
   KAFKA_STOPPED_PID="$pid"
-  KAFKA_STOP_FORCED=0
-  kill "-$signal" "$pid"
-  local deadline=$((SECONDS + WAIT_SECONDS))
-  while kill -0 "$pid" 2>/dev/null; do
-    if ((SECONDS >= deadline && ! KAFKA_STOP_FORCED)); then
-      kill -KILL "$pid" 2>/dev/null || true
-      KAFKA_STOP_FORCED=1
-    fi
-    sleep 0.2
-  done
+  stop_process "$pid" "$signal"
+  KAFKA_STOP_FORCED="$STOP_FORCED"
   rm -f "$dir/kafka.pid"
 }
 
@@ -560,18 +567,9 @@ zipkin_down() {
     log zipkin "not started by this project"
     return
   fi
-  local pid forced=0 deadline=$((SECONDS + WAIT_SECONDS))
-  pid="$(zipkin_pid)"
-  kill -TERM "$pid"
-  while kill -0 "$pid" 2>/dev/null; do
-    if ((SECONDS >= deadline && ! forced)); then
-      kill -KILL "$pid" 2>/dev/null || true
-      forced=1
-    fi
-    sleep 0.2
-  done
+  stop_process "$(zipkin_pid)" TERM
   rm -f "$ZIPKIN_PIDFILE"
-  if ((forced)); then log zipkin "stopped (SIGTERM ignored for ${WAIT_SECONDS}s, then SIGKILL)"; else log zipkin stopped; fi
+  if ((STOP_FORCED)); then log zipkin "stopped (SIGTERM ignored for ${WAIT_SECONDS}s, then SIGKILL)"; else log zipkin stopped; fi
 }
 
 # Down is a failure only when TRACING asks for Zipkin.

@@ -10,6 +10,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.cache import cache
 from django.db import connection, transaction
+from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -86,6 +87,21 @@ def operator(make_user: Callable[..., User]) -> User:
 @pytest.fixture
 def api(db: Any) -> APIClient:
     return APIClient()
+
+
+def detail_pages(user: User, event: OutboxEvent, message: InboxMessage) -> list[str]:
+    """The admin's detail pages of `event` and of `message`, as `user` sees them."""
+    client = Client()
+    client.force_login(user)
+    pages = []
+    for url in (
+        f"/admin/outbox/outboxevent/{event.pk}/change/",
+        f"/admin/inbox/inboxmessage/{message.pk}/change/",
+    ):
+        response = client.get(url)
+        assert response.status_code == 200
+        pages.append(response.content.decode())
+    return pages
 
 
 def client_for(user: User) -> APIClient:

@@ -2,30 +2,16 @@
 CONSOLE_MASKED_FIELDS names masked for them, in the admin and the API alike."""
 
 import pytest
-from django.test import Client
 
 from console.checks import check_masked_fields
 from console.privacy import MASK, MaskedFieldError, masked, masked_field_paths
-from tests.console.conftest import client_for
+from tests.console.conftest import client_for, detail_pages
 
 pytestmark = pytest.mark.django_db
 
-EVENTS_ADMIN = "/admin/outbox/outboxevent/"
-MESSAGES_ADMIN = "/admin/inbox/inboxmessage/"
 EVENTS_API = "/api/outbox/events/"
 MESSAGES_API = "/api/inbox/messages/"
 SECRET_VALUES = ("12.50", "acme")  # the fixtures' payload amount and header tenant
-
-
-def _admin_pages(user, event, message) -> list[str]:
-    client = Client()
-    client.force_login(user)
-    pages = []
-    for url in (f"{EVENTS_ADMIN}{event.pk}/change/", f"{MESSAGES_ADMIN}{message.pk}/change/"):
-        response = client.get(url)
-        assert response.status_code == 200
-        pages.append(response.content.decode())
-    return pages
 
 
 def _api_bodies(user, event, message) -> list[dict]:
@@ -49,7 +35,7 @@ def event_and_message(make_event, make_message):
 
 
 def test_without_the_permission_payloads_and_headers_are_hidden(viewer, event_and_message):
-    for html in _admin_pages(viewer, *event_and_message):
+    for html in detail_pages(viewer, *event_and_message):
         assert "Hidden: seeing them needs the permission console.view_payload." in html
         assert not any(value in html for value in SECRET_VALUES)
     event_body, message_body = _api_bodies(viewer, *event_and_message)
@@ -67,7 +53,7 @@ def test_with_the_permission_they_are_shown_with_the_masked_fields_masked(
     payload_viewer, event_and_message, settings
 ):
     settings.CONSOLE_MASKED_FIELDS = ["payload.amount", "headers.tenant"]
-    for html in _admin_pages(payload_viewer, *event_and_message):
+    for html in detail_pages(payload_viewer, *event_and_message):
         assert "Hidden:" not in html
         assert f"&quot;amount&quot;: &quot;{MASK}&quot;" in html
         assert f"&quot;tenant&quot;: &quot;{MASK}&quot;" in html

@@ -2,17 +2,15 @@
 the tracing backend by CONSOLE_TRACE_URL_TEMPLATE; a bad template stops start-up (console.E001)."""
 
 import pytest
-from django.test import Client
 
 from console.checks import check_trace_url_template
 from outbox.tracing import current_traceparent
+from tests.console.conftest import detail_pages
 
 pytestmark = pytest.mark.django_db
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
-EVENTS = "/admin/outbox/outboxevent/"
-MESSAGES = "/admin/inbox/inboxmessage/"
 
 
 def _pages(viewer, make_event, make_message, headers: dict[str, str]) -> list[str]:
@@ -22,14 +20,7 @@ def _pages(viewer, make_event, make_message, headers: dict[str, str]) -> list[st
     finally:
         current_traceparent.reset(token)
     message = make_message(event_id=str(event.pk), headers=headers)
-    client = Client()
-    client.force_login(viewer)
-    pages = []
-    for url in (f"{EVENTS}{event.pk}/change/", f"{MESSAGES}{message.pk}/change/"):
-        response = client.get(url)
-        assert response.status_code == 200
-        pages.append(response.content.decode())
-    return pages
+    return detail_pages(viewer, event, message)
 
 
 def test_details_link_the_trace_through_the_url_template(
