@@ -41,11 +41,12 @@ def connect_outside_django(database: dict[str, Any], **options: Any) -> psycopg.
 
 
 @pytest.fixture(autouse=True)
-def _no_tracing_sdk_in_process(settings: Any) -> None:
+def _no_tracing_sdk_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
     # A command a test calls in this process (inbox_consume, outbox_relay) sets tracing up as
     # at a process start; an OTEL_TRACES_EXPORTER in the environment would install a global
-    # SDK for the rest of the session. Tests that want spans give a provider of their own.
-    settings.TRACING_EXPORTERS = ["none"]
+    # SDK for the rest of the session. Tests that want spans give a provider of their own;
+    # the processes a test starts are given their OTEL_* variables by the test.
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
 
 
 @pytest.fixture(autouse=True)
