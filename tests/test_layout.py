@@ -20,7 +20,7 @@ def imported_packages(package: str) -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     for path in sorted((Path(settings.BASE_DIR) / package).rglob("*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))
-        names = set()
+        names: set[str] = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 names.update(alias.name.split(".")[0] for alias in node.names)
