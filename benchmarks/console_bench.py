@@ -122,9 +122,9 @@ FROM (
 
 
 def _generate(rows: int, regenerate: bool) -> None:
-    from django.conf import settings
     from django.db import connection, transaction
 
+    from outbox.conf import outbox_settings
     from outbox.services.event_log import ALL_SHARDS, SHARD_SQL, event_log_start_afresh
 
     with connection.cursor() as cursor:
@@ -145,7 +145,7 @@ def _generate(rows: int, regenerate: bool) -> None:
         "keys": KEYS,
         "relay": BENCH_RELAY,
         "errors": list(ERRORS),
-        "attempts": settings.OUTBOX_MAX_ATTEMPTS,
+        "attempts": outbox_settings.MAX_ATTEMPTS,
         "shards": list(ALL_SHARDS),
     }
     # Each statement commits on its own (autocommit), so the cursor's tick sees the events

@@ -53,6 +53,7 @@ from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, To
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.db import IntegrityError, connection, transaction  # noqa: E402
+from django.test import override_settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from benchmarks.tracing import (  # noqa: E402
@@ -62,6 +63,7 @@ from benchmarks.tracing import (  # noqa: E402
     print_comparison,
     tracing_on,
 )
+from inbox.conf import inbox_settings  # noqa: E402
 from inbox.config import inbox_consumer_config  # noqa: E402
 from inbox.consumer import InboxConsumer  # noqa: E402
 from inbox.models import InboxMessage  # noqa: E402
@@ -341,6 +343,11 @@ def tracing_rates(*, events: int, partitions: int, size: int, batch_size: int) -
     )
 
 
+def use_group_ordering(group: str, ordering: str) -> None:
+    """INBOX["GROUP_ORDERING"] of the benchmark's group, for the rest of the process."""
+    override_settings(INBOX={**settings.INBOX, "GROUP_ORDERING": {group: ordering}}).enable()
+
+
 def ordering_rates(*, events: int, partitions: int, size: int, batch_size: int) -> None:
     """4: the rates of ordering none and key, without and with 1 % first-attempt failures."""
     topic = create_topic(partitions)
@@ -359,7 +366,7 @@ def ordering_rates(*, events: int, partitions: int, size: int, batch_size: int) 
             for ordering in ("none", "key"):
                 empty_inbox()
                 group = f"bench-ordering-{uuid.uuid4().hex[:8]}"
-                settings.INBOX_GROUP_ORDERING = {group: ordering}
+                use_group_ordering(group, ordering)
                 handle = failing_first_attempts(one_in_a_hundred) if failures else noop
                 registry = registry_with(handle, topic=topic, group=group)
                 cpu_started = time.process_time()
@@ -399,7 +406,7 @@ def held_key(*, events: int, size: int, batch_size: int) -> None:
     try:
         produce(topic, events=events, size=size, keys=1)
         group = f"bench-held-{uuid.uuid4().hex[:8]}"
-        settings.INBOX_GROUP_ORDERING = {group: "key"}
+        use_group_ordering(group, "key")
         registry = registry_with(failing_first_attempts(the_first), topic=topic, group=group)
         parked_run = run_inbox_consumer(
             group=group, topic=topic, registry=registry, events=events, batch_size=batch_size
@@ -505,7 +512,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--size", type=int, default=1024, help="payload bytes per event")
     parser.add_argument("--naive-events", type=int, default=5_000)
-    parser.add_argument("--batch-size", type=int, default=settings.INBOX_BATCH_SIZE)
+    parser.add_argument("--batch-size", type=int, default=inbox_settings.BATCH_SIZE)
     parser.add_argument("--ordering-events", type=int, default=100_000)
     parser.add_argument("--held-events", type=int, default=10_000)
     parser.add_argument("--database", default="bench_inbox")

@@ -1083,6 +1083,7 @@ def tracing_rates(count: int, batch_size: int, topics: list[str]) -> None:
 def publish_lag(rate: int, seconds: float, environment: dict[str, str], topics: list[str]) -> None:
     """Publish lag with `outbox_relay`, then with Celery beat (1 s) and the on-commit nudge."""
     from django.conf import settings
+    from django.test import override_settings
 
     python = sys.executable
     print()
@@ -1119,13 +1120,11 @@ def publish_lag(rate: int, seconds: float, environment: dict[str, str], topics: 
     )
     try:
         time.sleep(8)
-        settings.OUTBOX_NUDGE_ON_COMMIT = True
-        warm_up(topics[-1])
-        offered = offer_load(topics[-1], rate, seconds)
-        settings.OUTBOX_NUDGE_ON_COMMIT = False
+        with override_settings(OUTBOX={**settings.OUTBOX, "NUDGE_ON_COMMIT": True}):
+            warm_up(topics[-1])
+            offered = offer_load(topics[-1], rate, seconds)
         p50, p99, worst, missing = lag_percentiles(topics[-1])
     finally:
-        settings.OUTBOX_NUDGE_ON_COMMIT = False
         stop(beat)
         stop(worker)
     report_lag("Celery beat (1 s) + nudge", offered, p50, p99, worst, missing)
@@ -1175,13 +1174,15 @@ def main() -> None:
     from django.conf import settings
     from django.core.management import call_command
 
+    from kafka_events.conf import kafka_settings
+
     call_command("migrate", verbosity=0)
     environment = {**os.environ, "DATABASE_URL": url}
     parts = [part for part in PARTS if part in (options.only or PARTS)]
     database = settings.DATABASES["default"]["NAME"]
     print(
         f"outbox benchmark ({', '.join(parts)}): database {database}, Kafka"
-        f" {settings.KAFKA_BOOTSTRAP_SERVERS}"
+        f" {kafka_settings.BOOTSTRAP_SERVERS}"
     )
     topics: list[str] = []
     try:

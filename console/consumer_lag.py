@@ -15,6 +15,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.utils import timezone
 
+from kafka_events.conf import kafka_settings
 from kafka_events.kafka import kafka_connection_config
 
 logger = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ def _admin_client(timeout: float) -> AdminClient:
     # its connection set-up every time. Keyed by pid too, since a librdkafka client does not
     # survive a fork (gunicorn and Celery fork their workers).
     return _process_admin_client(
-        os.getpid(), settings.KAFKA_BOOTSTRAP_SERVERS, max(1, int(timeout * 1000))
+        os.getpid(), kafka_settings.BOOTSTRAP_SERVERS, max(1, int(timeout * 1000))
     )
 
 
@@ -133,7 +134,7 @@ def consumer_lag(*, use_cache: bool = True) -> ConsumerLag:
     within CONSOLE_KAFKA_TIMEOUT_SECONDS. An unreachable Kafka gives reachable=False."""
     groups = console_consumer_groups()
     # Hashed: group names and addresses may hold characters cache backends refuse in keys.
-    scope = hashlib.sha256(f"{settings.KAFKA_BOOTSTRAP_SERVERS}|{sorted(groups)}".encode())
+    scope = hashlib.sha256(f"{kafka_settings.BOOTSTRAP_SERVERS}|{sorted(groups)}".encode())
     key = f"console:consumer-lag:{scope.hexdigest()[:32]}"
     if use_cache:
         cached = cache.get(key)
@@ -150,7 +151,7 @@ def consumer_lag(*, use_cache: bool = True) -> ConsumerLag:
         logger.info("Kafka unreachable for the console: %s", error)
         lag = ConsumerLag(
             reachable=False,
-            error=f"Kafka unreachable at {settings.KAFKA_BOOTSTRAP_SERVERS}: "
+            error=f"Kafka unreachable at {kafka_settings.BOOTSTRAP_SERVERS}: "
             f"{error.__class__.__name__}: {error}"[:500],
             checked_at=timezone.now().isoformat(),
         )

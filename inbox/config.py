@@ -2,8 +2,7 @@
 
 from typing import Any
 
-from django.conf import settings
-
+from inbox.conf import inbox_settings
 from kafka_events.kafka import kafka_connection_config
 
 # The inbox's guarantees rest on these; no setting overrides them.
@@ -31,15 +30,15 @@ CLASSIC_ONLY_CONFIG = {
 def inbox_consumer_config(*, group: str, **overrides: Any) -> dict[str, Any]:
     """librdkafka configuration for a consumer of `group`; `overrides` are for tests and
     tools (e.g. a different group.id), and cannot change FIXED_CONSUMER_CONFIG. The group
-    protocol is INBOX_GROUP_PROTOCOL: "classic", or "consumer" (KIP-848, Kafka 4)."""
+    protocol is INBOX["GROUP_PROTOCOL"]: "classic", or "consumer" (KIP-848, Kafka 4)."""
     return {
         **kafka_connection_config(),
         "group.id": group,
         "client.id": f"inbox-{group}",
-        "group.protocol": settings.INBOX_GROUP_PROTOCOL,
-        "auto.offset.reset": settings.INBOX_AUTO_OFFSET_RESET,
-        "max.poll.interval.ms": settings.INBOX_MAX_POLL_INTERVAL_MS,
-        **settings.INBOX_CONSUMER_CONFIG,
+        "group.protocol": inbox_settings.GROUP_PROTOCOL,
+        "auto.offset.reset": inbox_settings.AUTO_OFFSET_RESET,
+        "max.poll.interval.ms": inbox_settings.MAX_POLL_INTERVAL_MS,
+        **inbox_settings.CONSUMER_CONFIG,
         **overrides,
         **FIXED_CONSUMER_CONFIG,
     }

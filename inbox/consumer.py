@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from django.conf import settings
 from django.db import Error as DatabaseError
 from django.db import close_old_connections, transaction
 
+from inbox.conf import inbox_settings
 from inbox.config import inbox_consumer_config
 from inbox.errors import NoHandlers
 from inbox.faults import AFTER_DB_COMMIT, BEFORE_DB_COMMIT, fault_point
@@ -69,12 +69,12 @@ class InboxConsumer:
                 f"Group {group!r} has no handlers and no --topic was given. Registered groups: "
                 f"{', '.join(self.registry.groups()) or 'none'}."
             )
-        self.batch_size = batch_size or settings.INBOX_BATCH_SIZE
+        self.batch_size = batch_size or inbox_settings.BATCH_SIZE
         self.poll_timeout = (
-            settings.INBOX_POLL_TIMEOUT_SECONDS if poll_timeout is None else poll_timeout
+            inbox_settings.POLL_TIMEOUT_SECONDS if poll_timeout is None else poll_timeout
         )
         self.exactly_once = (
-            group in settings.INBOX_EXACTLY_ONCE_GROUPS if exactly_once is None else exactly_once
+            group in inbox_settings.EXACTLY_ONCE_GROUPS if exactly_once is None else exactly_once
         )
         self.config = inbox_consumer_config(group=group, **(config_overrides or {}))
         self.on_batch = on_batch
@@ -205,7 +205,7 @@ class InboxConsumer:
                 records=records,
                 registry=self.registry,
                 exactly_once=self.exactly_once,
-                deadline=started + settings.INBOX_BATCH_MAX_SECONDS,
+                deadline=started + inbox_settings.BATCH_MAX_SECONDS,
             )
             fault_point(BEFORE_DB_COMMIT)
         fault_point(AFTER_DB_COMMIT)

@@ -15,5 +15,5 @@ def retry_due() -> dict[str, int]:
 
 @shared_task(ignore_result=True)
 def purge_processed() -> int:
-    """Deletes DONE rows older than INBOX_RETENTION_DAYS, in bounded batches."""
+    """Deletes DONE rows older than INBOX["RETENTION_DAYS"], in bounded batches."""
     return inbox_messages_purge_processed()

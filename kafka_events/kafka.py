@@ -3,11 +3,11 @@ configuration on top of this: the producer in outbox/producer.py, consumers in i
 
 from typing import Any
 
-from django.conf import settings
+from kafka_events.conf import kafka_settings
 
 
 def kafka_connection_config() -> dict[str, Any]:
     return {
-        "bootstrap.servers": settings.KAFKA_BOOTSTRAP_SERVERS,
-        **settings.KAFKA_CLIENT_CONFIG,
+        "bootstrap.servers": kafka_settings.BOOTSTRAP_SERVERS,
+        **kafka_settings.CLIENT_CONFIG,
     }

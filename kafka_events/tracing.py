@@ -1,6 +1,7 @@
-"""OpenTelemetry for every process: the SDK set up at process start when the settings ask for
-an exporter (project/settings/tracing.py), the tracer the apps make their spans with, and the
-log filter that writes a line's trace and span ids.
+"""OpenTelemetry for every process: the SDK set up at process start when OpenTelemetry's
+standard environment variables ask for an exporter (OTEL_TRACES_EXPORTER, read here as the SDK
+reads its own), the tracer the apps make their spans with, and the log filter that writes a
+line's trace and span ids.
 
 The apps make spans through opentelemetry-api only, and ask `active_tracer()` first: with no
 SDK configured it answers None, once per batch, and the relay and the consumers then do no
@@ -14,7 +15,6 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from django.conf import settings
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -43,6 +43,16 @@ _lock = threading.Lock()
 _override: trace.TracerProvider | None = None
 _tracers: dict[int, tuple[trace.TracerProvider, trace.Tracer]] = {}
 _configured_pid: int | None = None
+
+
+def _environment_list(name: str) -> list[str]:
+    """A comma-separated variable's items, stripped, the empty ones left out."""
+    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
+
+
+def _environment_bool(name: str) -> bool:
+    # As OpenTelemetry's specification reads a boolean: "true" in any case, else false.
+    return os.environ.get(name, "").strip().lower() == "true"
 
 
 class TracingNotAvailable(Exception):
@@ -132,12 +142,14 @@ def trace_id_from_headers(headers: Mapping[str, str] | None) -> str | None:
 
 def configure_tracing(*, service_name: str) -> bool:
     """Installs the SDK's tracer provider, with a batch span processor per exporter, when
-    OTEL_TRACES_EXPORTER names one; does nothing otherwise (the API stays a no-op). Call at
-    process start, once settings are loaded; a second call in the same process does nothing.
-    Returns whether spans are now exported."""
+    OTEL_TRACES_EXPORTER names one ("console", "otlp", "zipkin", comma-separated; "none" or
+    unset: none) and OTEL_SDK_DISABLED is not "true"; does nothing otherwise (the API stays a
+    no-op). OTEL_SERVICE_NAME, when set, names the spans' service in place of `service_name`.
+    Call at process start, once settings are loaded; a second call in the same process does
+    nothing. Returns whether spans are now exported."""
     global _configured_pid
-    exporters = [name.strip().lower() for name in settings.TRACING_EXPORTERS if name.strip()]
-    if settings.TRACING_SDK_DISABLED or not exporters or exporters == ["none"]:
+    exporters = [name.lower() for name in _environment_list("OTEL_TRACES_EXPORTER")]
+    if _environment_bool("OTEL_SDK_DISABLED") or not exporters or exporters == ["none"]:
         return False
     unknown = sorted(set(exporters) - SUPPORTED_EXPORTERS)
     if unknown:
@@ -154,7 +166,9 @@ def configure_tracing(*, service_name: str) -> bool:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
         provider = TracerProvider(
-            resource=Resource.create({SERVICE_NAME: settings.TRACING_SERVICE_NAME or service_name}),
+            resource=Resource.create(
+                {SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME") or service_name}
+            ),
             sampler=_client_spans_within_traces(),
         )
         for name in exporters:
@@ -240,7 +254,12 @@ def _instrument(provider: trace.TracerProvider) -> list[str]:
     Before the WSGI application loads its middleware (project/wsgi.py), so that Django's
     request span wraps every request; before the first connection, so that psycopg's
     statements are spans."""
-    disabled = {name.strip() for name in settings.TRACING_DISABLED_INSTRUMENTATIONS}
+    disabled = set(_environment_list("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"))
+    # Django's instrumentation reads these itself; UNTRACED_URLS only stands in for them.
+    excluded_urls_set = bool(
+        os.environ.get("OTEL_PYTHON_DJANGO_EXCLUDED_URLS")
+        or os.environ.get("OTEL_PYTHON_EXCLUDED_URLS")
+    )
     turned_on = []
     for name in INSTRUMENTATIONS:
         if name in disabled or "*" in disabled:
@@ -251,7 +270,7 @@ def _instrument(provider: trace.TracerProvider) -> list[str]:
             logger.warning("Tracing: the %s instrumentation is not installed", name)
             continue
         options: dict[str, Any] = {"tracer_provider": provider}
-        if name == "django" and not settings.TRACING_DJANGO_EXCLUDED_URLS_SET:
+        if name == "django" and not excluded_urls_set:
             # Scrapes and probes, every few seconds, are not traces worth keeping.
             options["excluded_urls"] = UNTRACED_URLS
         instrumentor.instrument(**options)

@@ -1,29 +1,70 @@
-"""System checks: settings that would silently break the outbox's guarantees."""
+"""System checks: the shape of OUTBOX and KAFKA_EVENTS (kafka_events/conf.py: outbox.E010
+unknown key, E011 wrong type, E012 not a dict; kafka_events.E010 to E012 alike), then settings
+that would silently break the outbox's guarantees."""
 
 from typing import Any
 
-from django.conf import settings
-from django.core.checks import CheckMessage, Error, register
+from django.core.checks import CheckMessage, Error, Warning, register
+
+from kafka_events.conf import check_kafka_events_settings
+from outbox.conf import outbox_settings
+from outbox.services.nudge import NUDGE_REDIS_SCHEMES, nudge_redis_url
+
+register(check_kafka_events_settings)
+
+# Each must be at least 1: the key and the check's id.
+POSITIVE = {
+    "MAX_ATTEMPTS": "outbox.E002",
+    "BATCH_SIZE": "outbox.E003",
+    "MAX_PAYLOAD_BYTES": "outbox.E004",
+}
 
 
 @register()
-def check_outbox_settings(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
-    errors: list[CheckMessage] = []
-    if settings.OUTBOX_MAX_ATTEMPTS < 1:
-        errors.append(Error("OUTBOX_MAX_ATTEMPTS must be at least 1.", id="outbox.E002"))
-    if settings.OUTBOX_BATCH_SIZE < 1:
-        errors.append(Error("OUTBOX_BATCH_SIZE must be at least 1.", id="outbox.E003"))
-    if settings.OUTBOX_MAX_PAYLOAD_BYTES < 1:
-        errors.append(Error("OUTBOX_MAX_PAYLOAD_BYTES must be at least 1.", id="outbox.E004"))
-    interval = settings.OUTBOX_RELAY_INTERVAL
+def check_outbox_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    errors = outbox_settings.check()
+    if errors:
+        # The checks below compare values: they need the types right first.
+        return errors
+    name = outbox_settings.name
+    for key, check_id in POSITIVE.items():
+        if getattr(outbox_settings, key) < 1:
+            errors.append(Error(f"{name(key)} must be at least 1.", id=check_id))
+    interval = outbox_settings.RELAY_INTERVAL
     if interval < 1 or interval != int(interval):
         errors.append(
             Error(
-                f"OUTBOX_RELAY_INTERVAL must be a whole number of seconds, at least 1; got "
+                f"{name('RELAY_INTERVAL')} must be a whole number of seconds, at least 1; got "
                 f"{interval}.",
                 hint="django-celery-beat stores intervals in whole seconds. For lower latency "
                 "run `manage.py outbox_relay`, woken by each commit.",
                 id="outbox.E005",
+            )
+        )
+    url = outbox_settings.NUDGE_REDIS_URL
+    if url is not None and not url.startswith(NUDGE_REDIS_SCHEMES):
+        errors.append(
+            Error(
+                f"{name('NUDGE_REDIS_URL')} is {url!r}, not a Redis URL.",
+                hint="Give a redis://, rediss:// or unix:// URL, or None for the Redis of "
+                "CELERY_BROKER_URL.",
+                id="outbox.E006",
+            )
+        )
+    elif (
+        outbox_settings.NUDGE_ON_COMMIT
+        and outbox_settings.NUDGE_MIN_INTERVAL_MS > 0
+        and nudge_redis_url() is None
+    ):
+        errors.append(
+            Warning(
+                f"{name('NUDGE_MIN_INTERVAL_MS')} is counted in each process alone: no Redis "
+                f"counts it across processes ({name('NUDGE_REDIS_URL')} is None and "
+                "CELERY_BROKER_URL is not a Redis URL). Each process nudges the relay at most "
+                "once per interval; all of them together, more often.",
+                hint=f"Set {name('NUDGE_REDIS_URL')} to a Redis, or {name('NUDGE_ON_COMMIT')} "
+                "to False to leave the relay to beat or `manage.py outbox_relay`.",
+                id="outbox.W001",
             )
         )
     return errors

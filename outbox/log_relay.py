@@ -24,10 +24,10 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from confluent_kafka import KafkaException
-from django.conf import settings
 
 from kafka_events.tracing import active_tracer
 from outbox import metrics
+from outbox.conf import outbox_settings
 from outbox.models import OutboxDelivery, OutboxHeldEvent
 from outbox.producer import discard_producer, get_producer
 from outbox.relay import (
@@ -74,7 +74,7 @@ Outcome = OutboxDelivery.Outcome
 # Held keys whose head is retried per step.
 HELD_KEYS_PER_STEP = 100
 # After a batch of which nothing could be sent (the cluster unreachable), the relay waits
-# this long before the same batch again, doubling up to OUTBOX_RETRY_MAX_SECONDS.
+# this long before the same batch again, doubling up to OUTBOX["RETRY_MAX_SECONDS"].
 OUTAGE_RETRY_SECONDS = 0.5
 
 
@@ -141,9 +141,9 @@ class LogRelay:
     ) -> None:
         self.transactional_id = transactional_id
         self.relay_id = relay_id or default_relay_id()
-        self.batch_size = batch_size or settings.OUTBOX_BATCH_SIZE
+        self.batch_size = batch_size or outbox_settings.BATCH_SIZE
         self.wanted = tuple(sorted(shards))
-        self.delivery_timeout = settings.OUTBOX_PRODUCER_DELIVERY_TIMEOUT_MS / 1000
+        self.delivery_timeout = outbox_settings.PRODUCER_DELIVERY_TIMEOUT_MS / 1000
         self.owned: tuple[int, ...] = ()
         self.owner_pid: int | None = None
         self.cursors: list[Cursor] = []
@@ -158,7 +158,7 @@ class LogRelay:
 
     def run(self, *, max_seconds: float | None = None) -> LogRunResult:
         """Sends what the log holds for this relay's shards, for at most max_seconds."""
-        deadline = time.monotonic() + (max_seconds or settings.OUTBOX_RELAY_MAX_RUN_SECONDS)
+        deadline = time.monotonic() + (max_seconds or outbox_settings.RELAY_MAX_RUN_SECONDS)
         total = LogRunResult()
         while True:
             try:
@@ -280,7 +280,7 @@ class LogRelay:
                 records=sent.failed,
                 held=[],
                 cursor=cursor,
-                retry_seconds=settings.OUTBOX_RETRY_BASE_SECONDS,
+                retry_seconds=outbox_settings.RETRY_BASE_SECONDS,
             )
             result.failed += len(sent.failed)
             self._pause_for_outage(sent)
@@ -297,7 +297,7 @@ class LogRelay:
             records=sent.delivered + sent.failed,
             held=held,
             cursor=moved,
-            retry_seconds=settings.OUTBOX_RETRY_BASE_SECONDS,
+            retry_seconds=outbox_settings.RETRY_BASE_SECONDS,
         )
         result.published += len(sent.delivered)
         result.failed += len(sent.failed)
@@ -372,7 +372,7 @@ class LogRelay:
             self.outage_pause,
         )
         time.sleep(self.outage_pause)
-        self.outage_pause = min(self.outage_pause * 2, settings.OUTBOX_RETRY_MAX_SECONDS)
+        self.outage_pause = min(self.outage_pause * 2, outbox_settings.RETRY_MAX_SECONDS)
 
     def _retry_held(self, result: LogRunResult) -> bool:
         """Tries the head of each held key that is due; once a head goes, the rest of its key
@@ -420,9 +420,9 @@ class LogRelay:
                     spent = held_head_failed(
                         relay_id=self.relay_id,
                         record=failure,
-                        max_attempts=settings.OUTBOX_MAX_ATTEMPTS,
-                        base_seconds=settings.OUTBOX_RETRY_BASE_SECONDS,
-                        max_seconds=settings.OUTBOX_RETRY_MAX_SECONDS,
+                        max_attempts=outbox_settings.MAX_ATTEMPTS,
+                        base_seconds=outbox_settings.RETRY_BASE_SECONDS,
+                        max_seconds=outbox_settings.RETRY_MAX_SECONDS,
                     )
                     counter = metrics.FAILED if spent else metrics.RETRIED
                     counter.labels(topic=first_failed.topic).inc()

@@ -10,13 +10,13 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
-from django.conf import settings
 
 from kafka_events.kafka import kafka_connection_config
+from outbox.conf import outbox_settings
 
 logger = logging.getLogger(__name__)
 
-# Not overridable by OUTBOX_PRODUCER_CONFIG: the outbox's guarantees rest on them.
+# Not overridable by OUTBOX["PRODUCER_CONFIG"]: the outbox's guarantees rest on them.
 GUARANTEED_PRODUCER_CONFIG = {
     "enable.idempotence": True,
     "acks": "all",
@@ -27,18 +27,18 @@ GUARANTEED_PRODUCER_CONFIG = {
 def producer_config(*, transactional_id: str | None = None) -> dict[str, Any]:
     config: dict[str, Any] = {
         **kafka_connection_config(),
-        "linger.ms": settings.OUTBOX_PRODUCER_LINGER_MS,
-        "batch.size": settings.OUTBOX_PRODUCER_BATCH_SIZE,
-        "compression.type": settings.OUTBOX_PRODUCER_COMPRESSION,
-        "message.timeout.ms": settings.OUTBOX_PRODUCER_DELIVERY_TIMEOUT_MS,
-        **settings.OUTBOX_PRODUCER_CONFIG,
+        "linger.ms": outbox_settings.PRODUCER_LINGER_MS,
+        "batch.size": outbox_settings.PRODUCER_BATCH_SIZE,
+        "compression.type": outbox_settings.PRODUCER_COMPRESSION,
+        "message.timeout.ms": outbox_settings.PRODUCER_DELIVERY_TIMEOUT_MS,
+        **outbox_settings.PRODUCER_CONFIG,
         **GUARANTEED_PRODUCER_CONFIG,
     }
     if transactional_id:
         config["transactional.id"] = transactional_id
         # A transaction may stay open at most as long as a batch may take to deliver.
         config["transaction.timeout.ms"] = max(
-            60_000, settings.OUTBOX_PRODUCER_DELIVERY_TIMEOUT_MS * 2
+            60_000, outbox_settings.PRODUCER_DELIVERY_TIMEOUT_MS * 2
         )
     return config
 
@@ -54,7 +54,7 @@ class RelayProducer:
         config["error_cb"] = self._on_error
         self.producer = Producer(config)
         if transactional_id:
-            self.producer.init_transactions(settings.OUTBOX_PRODUCER_DELIVERY_TIMEOUT_MS / 1000)
+            self.producer.init_transactions(outbox_settings.PRODUCER_DELIVERY_TIMEOUT_MS / 1000)
 
     def _on_error(self, error: KafkaError) -> None:
         if error.fatal():

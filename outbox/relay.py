@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 from functools import partial
 
 from confluent_kafka import KafkaError, KafkaException, Message
-from django.conf import settings
 
+from outbox.conf import outbox_settings
 from outbox.producer import (
     RelayProducer,
     record_size,
@@ -56,9 +56,9 @@ def default_relay_id() -> str:
 
 
 def transactional_id_for(slot: str) -> str | None:
-    if not settings.OUTBOX_RELAY_TRANSACTIONAL:
+    if not outbox_settings.RELAY_TRANSACTIONAL:
         return None
-    return f"{settings.OUTBOX_TRANSACTIONAL_ID_PREFIX}-{slot}"
+    return f"{outbox_settings.TRANSACTIONAL_ID_PREFIX}-{slot}"
 
 
 @dataclass(frozen=True, slots=True)

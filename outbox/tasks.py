@@ -6,9 +6,9 @@ from datetime import timedelta
 
 from billiard.process import current_process
 from celery import shared_task
-from django.conf import settings
 from django.utils import timezone
 
+from outbox.conf import outbox_settings
 from outbox.log_relay import LogRelay
 from outbox.relay import transactional_id_for
 from outbox.services.retention import outbox_event_log_purge
@@ -36,6 +36,6 @@ def relay() -> int:
 
 @shared_task(name="outbox.tasks.purge_published", ignore_result=True)
 def purge_published() -> int:
-    older_than = timezone.now() - timedelta(days=settings.OUTBOX_RETENTION_DAYS)
-    batch_size = settings.OUTBOX_RETENTION_BATCH_SIZE
+    older_than = timezone.now() - timedelta(days=outbox_settings.RETENTION_DAYS)
+    batch_size = outbox_settings.RETENTION_BATCH_SIZE
     return outbox_event_log_purge(older_than=older_than, batch_size=batch_size)["events"]

@@ -15,6 +15,7 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 from django.conf import settings
 
+from kafka_events.conf import kafka_settings
 from scenarios import ports
 
 logger = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ def is_isolated() -> bool:
     environment = isolated_environment(block)
     database = settings.DATABASES["default"]
     return (
-        environment["KAFKA_BOOTSTRAP_SERVERS"] == settings.KAFKA_BOOTSTRAP_SERVERS
+        environment["KAFKA_BOOTSTRAP_SERVERS"] == kafka_settings.BOOTSTRAP_SERVERS
         and str(database.get("PORT")) == str(block.postgres)
         and database.get("NAME") == DATABASE_NAME
         and environment["CELERY_BROKER_URL"] == settings.CELERY_BROKER_URL

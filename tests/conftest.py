@@ -13,6 +13,7 @@ import redis
 from confluent_kafka.admin import AdminClient, NewTopic
 from django.conf import settings
 
+from kafka_events.conf import kafka_settings
 from kafka_events.kafka import kafka_connection_config
 
 KAFKA_TIMEOUT_SECONDS = 30
@@ -41,11 +42,12 @@ def connect_outside_django(database: dict[str, Any], **options: Any) -> psycopg.
 
 
 @pytest.fixture(autouse=True)
-def _no_tracing_sdk_in_process(settings: Any) -> None:
+def _no_tracing_sdk_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
     # A command a test calls in this process (inbox_consume, outbox_relay) sets tracing up as
     # at a process start; an OTEL_TRACES_EXPORTER in the environment would install a global
-    # SDK for the rest of the session. Tests that want spans give a provider of their own.
-    settings.TRACING_EXPORTERS = ["none"]
+    # SDK for the rest of the session. Tests that want spans give a provider of their own;
+    # the processes a test starts are given their OTEL_* variables by the test.
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
 
 
 @pytest.fixture(autouse=True)
@@ -76,9 +78,12 @@ def size_limited_log_relay(settings: Any) -> Iterator[Any]:
     from outbox.log_relay import LogRelay
     from outbox.producer import close_producers
 
-    settings.OUTBOX_MAX_ATTEMPTS = 2
-    settings.OUTBOX_RETRY_BASE_SECONDS = 60
-    settings.OUTBOX_PRODUCER_CONFIG = {"message.max.bytes": "4000"}
+    settings.OUTBOX = {
+        **settings.OUTBOX,
+        "MAX_ATTEMPTS": 2,
+        "RETRY_BASE_SECONDS": 60,
+        "PRODUCER_CONFIG": {"message.max.bytes": "4000"},
+    }
     close_producers()
     relay = LogRelay()
     yield relay
@@ -123,7 +128,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         lines.append(
             f"kafka: Apache Kafka {_kafka_version_from_broker_log()}, "
             f"cluster {cluster.cluster_id}, {len(cluster.nodes)} broker(s) "
-            f"at {settings.KAFKA_BOOTSTRAP_SERVERS}"
+            f"at {kafka_settings.BOOTSTRAP_SERVERS}"
         )
     except Exception as error:  # the header reports, the tests fail
         lines.append(f"kafka: unreachable ({error})")
@@ -137,7 +142,7 @@ def kafka_admin() -> AdminClient:
         admin.list_topics(timeout=KAFKA_TIMEOUT_SECONDS)
     except Exception as error:
         pytest.fail(
-            f"Apache Kafka does not answer at {settings.KAFKA_BOOTSTRAP_SERVERS}: {error}. "
+            f"Apache Kafka does not answer at {kafka_settings.BOOTSTRAP_SERVERS}: {error}. "
             "Run 'make services-up' (make test does it for you)."
         )
     return admin

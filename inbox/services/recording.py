@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
 from inbox import metrics
+from inbox.conf import inbox_settings
 from inbox.errors import ConcurrentDelivery, ImproperlyConfiguredInbox, UnknownEventType
 from inbox.models import InboxMessage
 from inbox.records import InboxRecord, poison_description
@@ -70,8 +70,8 @@ class BatchResult:
 
 def retry_delay_seconds(*, attempts: int) -> float:
     """Exponential backoff with jitter: a random delay in [d/2, d], d = base * 2**(attempts-1)."""
-    base = settings.INBOX_RETRY_BASE_SECONDS
-    delay = min(settings.INBOX_RETRY_MAX_SECONDS, base * 2 ** max(0, attempts - 1))
+    base = inbox_settings.RETRY_BASE_SECONDS
+    delay = min(inbox_settings.RETRY_MAX_SECONDS, base * 2 ** max(0, attempts - 1))
     return delay / 2 + random.uniform(0, delay / 2)
 
 
@@ -83,7 +83,7 @@ def _binary_cursor() -> psycopg.Cursor[Any]:
 
 
 def _failure_state(*, attempts: int, now: dt.datetime) -> tuple[str, dt.datetime | None]:
-    if attempts >= settings.INBOX_MAX_ATTEMPTS:
+    if attempts >= inbox_settings.MAX_ATTEMPTS:
         return FAILED, None
     return PENDING, now + dt.timedelta(seconds=retry_delay_seconds(attempts=attempts))
 
@@ -226,7 +226,7 @@ def _classify(
                 continue
             poison = UnknownEventType(
                 f"Group {group!r} has no handler for event type {record.event_type!r}. Add one "
-                "and replay the row, or set INBOX_UNKNOWN_EVENT_TYPE=ignore."
+                'and replay the row, or set INBOX["UNKNOWN_EVENT_TYPE"] to "ignore".'
             )
             rows[record.event_id] = _Row(
                 record, None, FAILED, last_error=poison_description(poison), released=True
@@ -460,11 +460,11 @@ def inbox_message_record_batch(
     """
     _require_atomic()
     registry = registry if registry is not None else get_registry()
-    deduplicate = settings.INBOX_DEDUPLICATE if deduplicate is None else deduplicate
-    unknown_event_type = unknown_event_type or settings.INBOX_UNKNOWN_EVENT_TYPE
+    deduplicate = inbox_settings.DEDUPLICATE if deduplicate is None else deduplicate
+    unknown_event_type = unknown_event_type or inbox_settings.UNKNOWN_EVENT_TYPE
     if unknown_event_type not in UNKNOWN_EVENT_TYPE_CHOICES:
         raise ImproperlyConfiguredInbox(
-            f"INBOX_UNKNOWN_EVENT_TYPE is {unknown_event_type!r}; use 'ignore' or 'fail'."
+            f'INBOX["UNKNOWN_EVENT_TYPE"] is {unknown_event_type!r}; use "ignore" or "fail".'
         )
     result = BatchResult(consumed=len(records))
     if exactly_once:

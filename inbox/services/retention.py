@@ -1,11 +1,11 @@
-"""Retention: DONE rows deleted once older than INBOX_RETENTION_DAYS, in short batches."""
+"""Retention: DONE rows deleted once older than INBOX["RETENTION_DAYS"], in short batches."""
 
 import datetime as dt
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from inbox.conf import inbox_settings
 from inbox.services.recording import DONE
 
 
@@ -15,11 +15,11 @@ def inbox_messages_purge_processed(
     batch_size: int | None = None,
     max_batches: int | None = None,
 ) -> int:
-    """Deletes DONE rows processed before `older_than` (default: INBOX_RETENTION_DAYS ago),
+    """Deletes DONE rows processed before `older_than` (default: INBOX["RETENTION_DAYS"] ago),
     `batch_size` rows per short transaction, at most `max_batches` batches. Returns the count."""
-    older_than = older_than or timezone.now() - dt.timedelta(days=settings.INBOX_RETENTION_DAYS)
-    batch_size = batch_size or settings.INBOX_RETENTION_BATCH_SIZE
-    max_batches = max_batches or settings.INBOX_RETENTION_MAX_BATCHES
+    older_than = older_than or timezone.now() - dt.timedelta(days=inbox_settings.RETENTION_DAYS)
+    batch_size = batch_size or inbox_settings.RETENTION_BATCH_SIZE
+    max_batches = max_batches or inbox_settings.RETENTION_MAX_BATCHES
     deleted = 0
     for _ in range(max_batches):
         with transaction.atomic(), connection.cursor() as cursor:

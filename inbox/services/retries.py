@@ -3,11 +3,11 @@ due now by an operator."""
 
 from collections.abc import Sequence
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from inbox import metrics
+from inbox.conf import inbox_settings
 from inbox.errors import NoHandlerForRetry
 from inbox.models import InboxMessage
 from inbox.registry import Handler, HandlerRegistry, get_registry
@@ -114,7 +114,7 @@ def inbox_messages_retry_due(
     from inbox.selectors import inbox_message_ids_due_for_retry
     from inbox.services.sequences import inbox_sequence_run, runnable_sequences
 
-    limit = limit or settings.INBOX_RETRY_BATCH_SIZE
+    limit = limit or inbox_settings.RETRY_BATCH_SIZE
     counts = {"done": 0, "pending": 0, "failed": 0, "skipped": 0}
     for message_id in inbox_message_ids_due_for_retry(limit=limit):
         message = inbox_message_retry(message_id=message_id, registry=registry)

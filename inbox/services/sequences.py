@@ -9,11 +9,11 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
+from inbox.conf import inbox_settings
 from inbox.errors import ImproperlyConfiguredInbox, InvalidTransition
 from inbox.models import HOLDING, InboxMessage
 from inbox.registry import HandlerRegistry, get_registry
@@ -32,8 +32,9 @@ HOLDING_SQL = (
 
 
 def group_ordering(group: str) -> str:
-    """The group's ordering, key or none: its INBOX_GROUP_ORDERING entry, else INBOX_ORDERING."""
-    ordering = settings.INBOX_GROUP_ORDERING.get(group, settings.INBOX_ORDERING)
+    """The group's ordering, key or none: its INBOX["GROUP_ORDERING"] entry, else
+    INBOX["ORDERING"]."""
+    ordering = inbox_settings.GROUP_ORDERING.get(group, inbox_settings.ORDERING)
     if ordering not in ORDERINGS:
         raise ImproperlyConfiguredInbox(
             f"The ordering of group {group!r} is {ordering!r}; use 'key' or 'none'."
@@ -43,9 +44,9 @@ def group_ordering(group: str) -> str:
 
 def ordered_groups_q() -> Q:
     """The groups whose ordering is "key", as a condition on InboxMessage.consumer_group:
-    those INBOX_GROUP_ORDERING names with "key", or all but those it names with "none"."""
-    overrides = settings.INBOX_GROUP_ORDERING
-    if settings.INBOX_ORDERING == "key":
+    those INBOX["GROUP_ORDERING"] names with "key", or all but those it names with "none"."""
+    overrides = inbox_settings.GROUP_ORDERING
+    if inbox_settings.ORDERING == "key":
         return ~Q(consumer_group__in=[g for g, ordering in overrides.items() if ordering != "key"])
     return Q(consumer_group__in=[g for g, ordering in overrides.items() if ordering == "key"])
 
@@ -129,13 +130,13 @@ def inbox_sequence_run(
     rows behind it, each in a savepoint of its own as the retry task runs a row, stopping at
     the first that fails (it becomes the head: PENDING until its next attempt, or FAILED) or
     at a head that is not due or FAILED. Commits every `chunk` rows
-    (INBOX_RETRY_BATCH_SIZE): a run cut short leaves a PARKED row first, which the retry
+    (INBOX["RETRY_BATCH_SIZE"]): a run cut short leaves a PARKED row first, which the retry
     task's next pass runs on."""
     from inbox.services.recording import states_update
     from inbox.services.retries import count_on_commit, handler_run_again
 
     registry = registry if registry is not None else get_registry()
-    chunk = chunk or settings.INBOX_RETRY_BATCH_SIZE
+    chunk = chunk or inbox_settings.RETRY_BATCH_SIZE
     run = SequenceRun()
     while True:
         with transaction.atomic():
@@ -178,8 +179,8 @@ def inbox_sequence_run(
 def _head(group: str, topic: str, key: str) -> InboxMessage:
     if group_ordering(group) != "key":
         raise InvalidTransition(
-            f"Group {group!r} has ordering 'none': its keys are never held (INBOX_ORDERING, "
-            "INBOX_GROUP_ORDERING)."
+            f"Group {group!r} has ordering 'none': its keys are never held "
+            '(INBOX["ORDERING"], INBOX["GROUP_ORDERING"]).'
         )
     head = _sequence(group, topic, key).select_for_update().first()
     if head is None or head.status == PARKED:

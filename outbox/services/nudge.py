@@ -1,5 +1,5 @@
 """The on-commit nudge: a transaction that published events wakes a relay through Celery,
-at most once per OUTBOX_NUDGE_MIN_INTERVAL_MS across all processes."""
+at most once per OUTBOX["NUDGE_MIN_INTERVAL_MS"] across all processes (counted in Redis)."""
 
 import functools
 import time
@@ -8,7 +8,11 @@ import redis
 from django.conf import settings
 from django.db import connection, transaction
 
+from outbox.conf import outbox_settings
+
 NUDGE_EXPIRES_SECONDS = 5.0
+# The URLs redis-py connects to; Celery's Redis broker URLs are the first two.
+NUDGE_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 def nudge_relay_on_commit() -> None:
@@ -24,13 +28,13 @@ _last_nudge_at = 0.0
 def _send_relay_nudge() -> None:
     from outbox.tasks import relay
 
-    # At most one nudge per OUTBOX_NUDGE_MIN_INTERVAL_MS: under load, a relay run started by
+    # At most one nudge per NUDGE_MIN_INTERVAL_MS: under load, a relay run started by
     # the previous nudge is still looping over the new events, and a flood of nudges would
     # only queue empty runs that take CPU from the work. A skipped nudge waits at most for
     # the next one or the next beat tick; the outbox table, not the nudge, is the source of
     # truth. Checked in this process first (free), then across all processes (Redis).
     global _last_nudge_at
-    interval_ms = settings.OUTBOX_NUDGE_MIN_INTERVAL_MS
+    interval_ms = outbox_settings.NUDGE_MIN_INTERVAL_MS
     now = time.monotonic()
     if now - _last_nudge_at < interval_ms / 1000:
         return
@@ -47,18 +51,32 @@ def relay_nudge_key() -> str:
 
 
 @functools.cache
-def _broker_redis(url: str) -> redis.Redis:
+def _nudge_redis(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
 
 
+def nudge_redis_url() -> str | None:
+    """The Redis that counts the nudges of all processes: OUTBOX["NUDGE_REDIS_URL"], else
+    CELERY_BROKER_URL when it is a Redis URL. None: none (a project whose broker is not Redis,
+    or that sets no CELERY_BROKER_URL); then each process counts its own (check outbox.W001)."""
+    url = outbox_settings.NUDGE_REDIS_URL
+    if url is None:
+        broker = getattr(settings, "CELERY_BROKER_URL", None)
+        if isinstance(broker, str) and broker.startswith(("redis://", "rediss://")):
+            return broker
+        return None
+    # Another URL is refused by check outbox.E006; a nudge must not fail publish() for it.
+    return url if url.startswith(NUDGE_REDIS_SCHEMES) else None
+
+
 def _take_shared_nudge_slot(interval_ms: int) -> bool:
-    """True for the first caller in all processes within `interval_ms`. A broker that is not
-    Redis, or a Redis that does not answer, does not hold nudges back (apply_async then
-    reports the broker's state as it always did)."""
-    url = settings.CELERY_BROKER_URL
-    if interval_ms <= 0 or not url.startswith(("redis://", "rediss://")):
+    """True for the first caller in all processes within `interval_ms`. Without a Redis to
+    count in, or with a Redis that does not answer, nudges are not held back beyond this
+    process's own count (apply_async then reports the broker's state as it always did)."""
+    url = nudge_redis_url()
+    if interval_ms <= 0 or url is None:
         return True
     try:
-        return bool(_broker_redis(url).set(relay_nudge_key(), 1, nx=True, px=interval_ms))
+        return bool(_nudge_redis(url).set(relay_nudge_key(), 1, nx=True, px=interval_ms))
     except redis.RedisError:
         return True

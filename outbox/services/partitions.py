@@ -6,7 +6,7 @@ Each table is partitioned by range of one timestamp, one partition per day in UT
 maintenance did not run; a clock far off). The table that existed before partitioning is the
 partition of everything before the migration's next day.
 
-Every change here runs with a lock timeout (OUTBOX_PARTITION_LOCK_TIMEOUT_MS). Dropping a
+Every change here runs with a lock timeout (OUTBOX["PARTITION_LOCK_TIMEOUT_MS"]). Dropping a
 partition takes an ACCESS EXCLUSIVE lock on its table, which waits for every transaction that
 has read or written the table (a `pg_dump` reads it from start to end), and each publish()
 queued behind that lock would wait as long: with a timeout the drop gives up instead and is
@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.db.backends.utils import CursorWrapper
 from psycopg import sql
 from psycopg.errors import LockNotAvailable
+
+from outbox.conf import outbox_settings
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ def default_partition(table: str) -> str:
 
 
 class PartitionLocked(Exception):
-    """The lock a partition change needs did not come within OUTBOX_PARTITION_LOCK_TIMEOUT_MS;
+    """The lock a partition change needs did not come within OUTBOX["PARTITION_LOCK_TIMEOUT_MS"];
     nothing was changed."""
 
 
@@ -123,7 +124,7 @@ def _ddl_transaction() -> Iterator[CursorWrapper]:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
                 "SELECT set_config('lock_timeout', %s, true)",
-                [f"{settings.OUTBOX_PARTITION_LOCK_TIMEOUT_MS}ms"],
+                [f"{outbox_settings.PARTITION_LOCK_TIMEOUT_MS}ms"],
             )
             yield cursor
     except OperationalError as error:

@@ -10,12 +10,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import psycopg
-from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
+from outbox.conf import outbox_settings
 from outbox.errors import (
     DuplicateEvent,
     InvalidEvent,
@@ -99,12 +99,12 @@ def _require_identifier(name: str, value: Any) -> str:
 def _resolve_topic(topic: str | None, *, aggregate_type: str, event_type: str) -> str:
     if topic is None:
         try:
-            topic = settings.OUTBOX_TOPIC_TEMPLATE.format(
+            topic = outbox_settings.TOPIC_TEMPLATE.format(
                 aggregate_type=aggregate_type, event_type=event_type
             )
         except (KeyError, IndexError) as error:
             raise InvalidEvent(
-                f"OUTBOX_TOPIC_TEMPLATE {settings.OUTBOX_TOPIC_TEMPLATE!r} uses an unknown "
+                f'OUTBOX["TOPIC_TEMPLATE"] {outbox_settings.TOPIC_TEMPLATE!r} uses an unknown '
                 f"field {error}; it may use {{aggregate_type}} and {{event_type}}."
             ) from error
     if not TOPIC_NAME_PATTERN.match(topic) or topic in (".", ".."):
@@ -199,11 +199,11 @@ class _PreparedStatementCursor(psycopg.Cursor[Any]):
 
 def _publish_cursor() -> CursorWrapper:
     """A cursor on Django's connection, in the caller's transaction, whose statements Django's
-    execute wrappers see. Prepared statements unless OUTBOX_PUBLISH_PREPARED is off (a
+    execute wrappers see. Prepared statements unless OUTBOX["PUBLISH_PREPARED"] is off (a
     transaction-mode pooler that cannot keep them, PgBouncer before 1.21 or with
     max_prepared_statements at 0, needs it off), or while Django logs queries (DEBUG, a test
     capturing them): its log shows a statement with its values only from its own cursors."""
-    if not settings.OUTBOX_PUBLISH_PREPARED or connection.queries_logged:
+    if not outbox_settings.PUBLISH_PREPARED or connection.queries_logged:
         return connection.cursor()
     connection.ensure_connection()
     if connection.connection.prepare_threshold is None:
@@ -246,10 +246,10 @@ def outbox_event_publish(
     event_type = _require_identifier("event_type", event_type)
     key = aggregate_id if key is None else _require_identifier("key", key)
     encoded = encode_payload(payload)
-    if len(encoded) > settings.OUTBOX_MAX_PAYLOAD_BYTES:
+    if len(encoded) > outbox_settings.MAX_PAYLOAD_BYTES:
         raise PayloadTooLarge(
-            f"The encoded payload is {len(encoded)} bytes; OUTBOX_MAX_PAYLOAD_BYTES allows "
-            f"{settings.OUTBOX_MAX_PAYLOAD_BYTES}. Store large documents elsewhere and publish "
+            f'The encoded payload is {len(encoded)} bytes; OUTBOX["MAX_PAYLOAD_BYTES"] allows '
+            f"{outbox_settings.MAX_PAYLOAD_BYTES}. Store large documents elsewhere and publish "
             "a reference to them."
         )
     created_at = timezone.now()
@@ -303,6 +303,6 @@ def outbox_event_publish(
     event = OutboxEvent.from_db(
         connection.alias, PUBLISHED_FIELDS, [stored[name] for name in PUBLISHED_FIELDS]
     )
-    if settings.OUTBOX_NUDGE_ON_COMMIT:
+    if outbox_settings.NUDGE_ON_COMMIT:
         nudge_relay_on_commit()
     return event

@@ -1,4 +1,4 @@
-"""Retention: an event goes once OUTBOX_RETENTION_DAYS have passed, the relay is past it and
+"""Retention: an event goes once OUTBOX["RETENTION_DAYS"] have passed, the relay is past it and
 its key is not held on it; its delivery records go a day after the events they describe. Both
 go by dropping whole day partitions (outbox.services.partitions); only the DEFAULT partitions
 are deleted from row by row. Then the relay's ticks and cursors no shard needs any longer, and

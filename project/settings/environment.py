@@ -1,4 +1,6 @@
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import environ
 
@@ -11,3 +13,26 @@ if (BASE_DIR / ".env").is_file():
 
 # Production start-up stops, naming the variable, when one of these is missing.
 PRODUCTION_REQUIRED_VARIABLES = ("SECRET_KEY", "DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS")
+
+# django-environ's reader of each type: lists and dicts are comma-separated,
+# "a,b" and "key=value,key=value"; booleans "true"/"false" (or on/off, yes/no, 1/0).
+_READERS: dict[type, Callable[[str], Any]] = {
+    int: env.int,
+    float: env.float,
+    bool: env.bool,
+    str: env.str,
+    dict: env.dict,
+    list: env.list,
+}
+
+
+def env_settings(prefix: str, types: Mapping[str, type]) -> dict[str, Any]:
+    """An app's settings dict with the keys whose variable, prefix + key, is set, read as the
+    key's type: env_settings("OUTBOX_", {"BATCH_SIZE": int}) is {"BATCH_SIZE": 500} when
+    OUTBOX_BATCH_SIZE=500, {} when it is unset. The defaults are the app's own (outbox/conf.py):
+    a key left out takes it."""
+    return {
+        key: _READERS[kind](prefix + key)
+        for key, kind in types.items()
+        if prefix + key in env.ENVIRON
+    }

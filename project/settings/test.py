@@ -13,7 +13,7 @@ CELERY_TASK_EAGER_PROPAGATES = True
 # Test runs can share one PostgreSQL server: each names its own test database.
 DATABASES["default"]["TEST"] = {"NAME": env("TEST_DATABASE_NAME", default="test_outbox")}  # noqa: F405
 # Tests run the relay themselves; a commit does not start one behind their back.
-OUTBOX_NUDGE_ON_COMMIT = False
+OUTBOX = {**OUTBOX, "NUDGE_ON_COMMIT": False}  # noqa: F405
 # Static files come from the apps' folders in tests: no collectstatic run is needed.
 WHITENOISE_AUTOREFRESH = True
 WHITENOISE_USE_FINDERS = True

@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import connection
 
 from analytics.models import AnalyticsRun, DeliveryLagStat, ReconciliationFinding
+from kafka_events.conf import kafka_settings
 from tests.analytics.factories import SLA, history_start, planted_history
 
 SPARK_HOME = Path(pyspark.__file__).parent
@@ -140,7 +141,7 @@ def test_the_job_runs_on_a_standalone_cluster(standalone_cluster: str, kafka_top
         "SPARK_MASTER": standalone_cluster,
         "SPARK_DRIVER_MEMORY": "512m",
         "SPARK_EXECUTOR_MEMORY": "512m",
-        "KAFKA_BOOTSTRAP_SERVERS": settings.KAFKA_BOOTSTRAP_SERVERS,
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_settings.BOOTSTRAP_SERVERS,
         "ANALYTICS_CONSUME_SLA_SECONDS": str(int(SLA.total_seconds())),
         "ANALYTICS_EXPECTED_CONSUMERS": ",".join(
             f"{key}={'|'.join(groups)}" for key, groups in history.expected_consumers.items()

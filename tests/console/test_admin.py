@@ -31,7 +31,7 @@ def delivery(event):
 
 @pytest.fixture
 def kafka_unreachable(settings):
-    settings.KAFKA_BOOTSTRAP_SERVERS = "127.0.0.1:1"
+    settings.KAFKA_EVENTS = {**settings.KAFKA_EVENTS, "BOOTSTRAP_SERVERS": "127.0.0.1:1"}
     settings.CONSOLE_KAFKA_TIMEOUT_SECONDS = 0.5
     settings.CONSOLE_CONSUMER_GROUPS = ["billing"]
 

@@ -38,7 +38,7 @@ def logged_in(*permissions: str) -> Client:
 @pytest.fixture(autouse=True)
 def _kafka_unreachable(settings: Any) -> None:
     # The dashboard's Kafka card is not under test here: it answers fast as "unreachable".
-    settings.KAFKA_BOOTSTRAP_SERVERS = "127.0.0.1:1"
+    settings.KAFKA_EVENTS = {**settings.KAFKA_EVENTS, "BOOTSTRAP_SERVERS": "127.0.0.1:1"}
     settings.CONSOLE_KAFKA_TIMEOUT_SECONDS = 0.5
     settings.CONSOLE_DASHBOARD_CACHE_SECONDS = 0
 

@@ -549,7 +549,7 @@ def test_stats_summary(viewer, make_event, make_message):
 
 
 def test_consumer_lag_reports_an_unreachable_kafka_as_a_state(viewer, settings):
-    settings.KAFKA_BOOTSTRAP_SERVERS = "127.0.0.1:1"
+    settings.KAFKA_EVENTS = {**settings.KAFKA_EVENTS, "BOOTSTRAP_SERVERS": "127.0.0.1:1"}
     settings.CONSOLE_KAFKA_TIMEOUT_SECONDS = 0.5
     settings.CONSOLE_CONSUMER_GROUPS = ["billing"]
     response = client_for(viewer).get("/api/stats/consumer-lag/")

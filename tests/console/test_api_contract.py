@@ -92,8 +92,11 @@ def rows(
 ) -> dict[str, list[str]]:
     """Rows in every state the actions treat apart, and the ids the fuzzer may name, by the
     path prefix of the operations that take them."""
-    settings.INBOX_ORDERING = "none"
-    settings.INBOX_GROUP_ORDERING = {HELD_KEY["consumer_group"]: "key"}
+    settings.INBOX = {
+        **settings.INBOX,
+        "ORDERING": "none",
+        "GROUP_ORDERING": {HELD_KEY["consumer_group"]: "key"},
+    }
     events = [
         make_event(Status.PENDING),
         make_event(Status.PENDING, attempts=2),

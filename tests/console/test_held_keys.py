@@ -2,10 +2,11 @@
 the API, the gauges. Each action has its own permission and writes the audit log."""
 
 import pytest
-from django.test import Client, override_settings
+from django.test import Client
 
 from console.models import OperatorAction
 from inbox.models import InboxMessage
+from tests.app_settings import override_app_settings
 from tests.console.conftest import ACTION_PERMISSIONS, VIEW_PERMISSIONS, client_for
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("ordered_billing")]
@@ -18,7 +19,7 @@ Status = InboxMessage.Status
 
 @pytest.fixture
 def ordered_billing():
-    with override_settings(INBOX_ORDERING="none", INBOX_GROUP_ORDERING={"billing": "key"}):
+    with override_app_settings("INBOX", ORDERING="none", GROUP_ORDERING={"billing": "key"}):
         yield
 
 

@@ -503,7 +503,7 @@ def test_the_pages_show_what_a_real_relay_recorded(
     assert f"partition {message.partition()}, offset {message.offset()}" in published
 
     # Retry through the API once the limit is lifted: the relay sends the key in order.
-    settings.OUTBOX_PRODUCER_CONFIG = {}
+    settings.OUTBOX = {**settings.OUTBOX, "PRODUCER_CONFIG": {}}
     close_producers()
     retried = api.post(f"{API}{head.pk}/retry/", {}, format="json")
     assert retried.status_code == 200, retried.json()

@@ -204,7 +204,7 @@ def test_the_counts_follow_a_real_relay(kafka_topic, size_limited_log_relay, set
     publish_numbered(topic, "fine", 3)
     assert counts() == {"PENDING": 2, "FAILED": 2, "DONE": 3}
 
-    settings.OUTBOX_PRODUCER_CONFIG = {}
+    settings.OUTBOX = {**settings.OUTBOX, "PRODUCER_CONFIG": {}}
     close_producers()
     outbox_event_discard(event=other_big)
     outbox_event_retry(event=big)

@@ -95,7 +95,7 @@ def test_health_checks_every_part_and_reports_json():
 
 
 def test_health_reports_an_unreachable_kafka(settings):
-    settings.KAFKA_BOOTSTRAP_SERVERS = "127.0.0.1:1"
+    settings.KAFKA_EVENTS = {**settings.KAFKA_EVENTS, "BOOTSTRAP_SERVERS": "127.0.0.1:1"}
     import asyncio
     import datetime
 

@@ -79,7 +79,7 @@ def test_an_operator_retries_failed_events_from_the_browser(
     )
 
     # Without the size limit, the producer takes them now.
-    settings.OUTBOX_PRODUCER_CONFIG = {}
+    settings.OUTBOX = {**settings.OUTBOX, "PRODUCER_CONFIG": {}}
     close_producers()
     assert size_limited_log_relay.run(max_seconds=30).published == 3
 

@@ -198,7 +198,7 @@ def _consume(
     """Records `events` (and `raw` records: value, headers) in GROUP as the consumer does,
     with a handler for every event type that fails with the event's payload in its error; one
     attempt each, so a message fails at once and holds its key."""
-    settings.INBOX_MAX_ATTEMPTS = 1
+    settings.INBOX = {**settings.INBOX, "MAX_ATTEMPTS": 1}
     from confluent_kafka import Message
 
     messages = [event.message(topic=TOPIC, offset=offset) for offset, event in enumerate(events)]

@@ -4,11 +4,11 @@ import logging
 
 import pytest
 from django.core.management import call_command
-from django.test import override_settings
 
 from inbox import handler
 from inbox.checks import MS_PER_DAY, check_inbox_settings, topic_retention_warnings
 from inbox.consumer import InboxConsumer
+from tests.app_settings import override_app_settings
 
 
 def warning_ids() -> list[str]:
@@ -17,15 +17,15 @@ def warning_ids() -> list[str]:
 
 def test_the_default_retention_covers_kafka_s_default_topic_settings():
     # retention.ms 7 days + segment.ms 7 days: a record can be delivered again for 14 days.
-    with override_settings(INBOX_RETENTION_DAYS=14):
+    with override_app_settings("INBOX", RETENTION_DAYS=14):
         assert "inbox.W001" not in warning_ids()
-    with override_settings(INBOX_RETENTION_DAYS=13):
+    with override_app_settings("INBOX", RETENTION_DAYS=13):
         assert "inbox.W001" in warning_ids()
 
 
 def test_the_retry_backoff_does_not_bear_on_the_retention():
     # Retries run from the stored row, which the purge never deletes before it is DONE.
-    with override_settings(INBOX_RETENTION_DAYS=14, INBOX_RETRY_MAX_SECONDS=30 * 86_400):
+    with override_app_settings("INBOX", RETENTION_DAYS=14, RETRY_MAX_SECONDS=30 * 86_400):
         assert "inbox.W001" not in warning_ids()
 
 
@@ -34,7 +34,7 @@ def days_ms(days: float) -> str:
 
 
 @pytest.mark.kafka
-@override_settings(INBOX_RETENTION_DAYS=14)
+@override_app_settings("INBOX", RETENTION_DAYS=14)
 def test_topics_kept_longer_than_the_inbox_s_retention_are_named(kafka_topic):
     short = kafka_topic(config={"retention.ms": days_ms(3), "segment.ms": days_ms(1)})
     default = kafka_topic()  # the broker's defaults: 7 + 7 days
@@ -51,7 +51,7 @@ def test_topics_kept_longer_than_the_inbox_s_retention_are_named(kafka_topic):
 
 
 @pytest.mark.kafka
-@override_settings(INBOX_RETENTION_DAYS=14)
+@override_app_settings("INBOX", RETENTION_DAYS=14)
 def test_inbox_consume_warns_about_them_at_start(kafka_topic, inbox_registry, monkeypatch, caplog):
     topic = kafka_topic(config={"retention.ms": "-1"})
     handler(event_type="E", topic=topic, group="retention-check")(lambda message: None)
@@ -62,26 +62,42 @@ def test_inbox_consume_warns_about_them_at_start(kafka_topic, inbox_registry, mo
 
 
 def test_an_unknown_ordering_is_an_error():
-    with override_settings(INBOX_ORDERING="key", INBOX_GROUP_ORDERING={"delivery": "none"}):
+    with override_app_settings("INBOX", ORDERING="key", GROUP_ORDERING={"delivery": "none"}):
         assert "inbox.E003" not in warning_ids()
-    with override_settings(INBOX_ORDERING="keys"):
+    with override_app_settings("INBOX", ORDERING="keys"):
         assert "inbox.E003" in warning_ids()
-    with override_settings(INBOX_ORDERING="key", INBOX_GROUP_ORDERING={"delivery": "fifo"}):
+    with override_app_settings("INBOX", ORDERING="key", GROUP_ORDERING={"delivery": "fifo"}):
         messages = [m for m in check_inbox_settings() if m.id == "inbox.E003"]
-        assert [m.msg for m in messages] == ["INBOX_GROUP_ORDERING['delivery'] is 'fifo'."]
+        assert [m.msg for m in messages] == ["""INBOX["GROUP_ORDERING"]['delivery'] is 'fifo'."""]
 
 
 def test_the_group_protocol_is_checked_with_the_properties_it_refuses():
-    with override_settings(INBOX_GROUP_PROTOCOL="kip848"):
+    with override_app_settings("INBOX", GROUP_PROTOCOL="kip848"):
         assert "inbox.E004" in warning_ids()
-    with override_settings(
-        INBOX_GROUP_PROTOCOL="classic", INBOX_CONSUMER_CONFIG={"session.timeout.ms": "10000"}
+    with override_app_settings(
+        "INBOX", GROUP_PROTOCOL="classic", CONSUMER_CONFIG={"session.timeout.ms": "10000"}
     ):
         assert not {"inbox.E004", "inbox.E005"} & set(warning_ids())
-    with override_settings(
-        INBOX_GROUP_PROTOCOL="consumer",
-        INBOX_CONSUMER_CONFIG={"session.timeout.ms": "10000", "fetch.min.bytes": "1"},
+    with override_app_settings(
+        "INBOX",
+        GROUP_PROTOCOL="consumer",
+        CONSUMER_CONFIG={"session.timeout.ms": "10000", "fetch.min.bytes": "1"},
     ):
         [error] = [m for m in check_inbox_settings() if m.id == "inbox.E005"]
         assert "session.timeout.ms" in error.msg
         assert "group.consumer.session.timeout.ms" in (error.hint or "")
+
+
+def test_a_misspelt_key_and_a_mistyped_value_are_errors_naming_the_key(settings):
+    settings.INBOX = {"ORDERINGS": "key", "RETENTION_DAYS": "14"}
+    assert [(m.id, m.msg) for m in check_inbox_settings()] == [
+        ("inbox.E010", 'INBOX["ORDERINGS"]: not a setting of the inbox; did you mean "ORDERING"?'),
+        ("inbox.E011", """INBOX["RETENTION_DAYS"]: must be an integer; got '14' (str)."""),
+    ]
+
+
+def test_the_batch_deadline_is_checked_against_the_poll_interval_it_derives_from(settings):
+    settings.INBOX = {"MAX_POLL_INTERVAL_MS": 30_000}
+    assert "inbox.E002" not in warning_ids()  # 10 s, a third of it
+    settings.INBOX = {"MAX_POLL_INTERVAL_MS": 30_000, "BATCH_MAX_SECONDS": 30}
+    assert "inbox.E002" in warning_ids()

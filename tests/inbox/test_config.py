@@ -1,18 +1,18 @@
 """inbox/config.py"""
 
-from django.test import override_settings
-
 from inbox.config import inbox_consumer_config
+from tests.app_settings import override_app_settings
 
 
 def test_the_inbox_guarantees_cannot_be_configured_away():
-    with override_settings(
-        INBOX_CONSUMER_CONFIG={
+    with override_app_settings(
+        "INBOX",
+        CONSUMER_CONFIG={
             "enable.auto.commit": "true",
             "enable.auto.offset.store": "true",
             "isolation.level": "read_uncommitted",
             "fetch.min.bytes": "1024",
-        }
+        },
     ):
         config = inbox_consumer_config(group="delivery", **{"enable.auto.commit": True})
     assert config["enable.auto.commit"] is False
@@ -22,8 +22,10 @@ def test_the_inbox_guarantees_cannot_be_configured_away():
     assert config["group.id"] == "delivery"
 
 
-@override_settings(
-    KAFKA_BOOTSTRAP_SERVERS="kafka-1:9092", KAFKA_CLIENT_CONFIG={"security.protocol": "SSL"}
+@override_app_settings(
+    "KAFKA_EVENTS",
+    BOOTSTRAP_SERVERS="kafka-1:9092",
+    CLIENT_CONFIG={"security.protocol": "SSL"},
 )
 def test_connection_settings_come_from_the_shared_kafka_config():
     config = inbox_consumer_config(group="delivery")
@@ -37,5 +39,5 @@ def test_overrides_set_the_group_id_for_tools():
 
 def test_the_group_protocol_is_inbox_group_protocol():
     assert inbox_consumer_config(group="g")["group.protocol"] == "classic"
-    with override_settings(INBOX_GROUP_PROTOCOL="consumer"):
+    with override_app_settings("INBOX", GROUP_PROTOCOL="consumer"):
         assert inbox_consumer_config(group="g")["group.protocol"] == "consumer"

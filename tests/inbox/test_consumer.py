@@ -4,7 +4,6 @@ import uuid
 
 import pytest
 from confluent_kafka import Consumer, Message, TopicPartition
-from django.test import override_settings
 
 from inbox import handler
 from inbox.consumer import InboxConsumer
@@ -13,6 +12,7 @@ from inbox.records import synthetic_event_id
 from inbox.registry import HandlerRegistry
 from inbox.services.recording import BatchResult
 from kafka_events.kafka import kafka_connection_config
+from tests.app_settings import override_app_settings
 from tests.inbox.conftest import consume_for, consume_until, effect_counts, record_effect
 from tests.inbox.factories import Event, make_events, produce, produce_raw
 
@@ -111,7 +111,7 @@ def test_events_of_one_group_do_not_dedup_another_group(
     assert InboxMessage.objects.filter(duplicate_count=0).count() == 2
 
 
-@override_settings(INBOX_UNKNOWN_EVENT_TYPE="fail")
+@override_app_settings("INBOX", UNKNOWN_EVENT_TYPE="fail")
 def test_poison_records_are_recorded_failed_and_the_consumer_goes_on(
     kafka_topic, inbox_registry, effects, run_consumer
 ):
@@ -168,7 +168,7 @@ def test_unknown_event_types_are_ignored_by_default(
     assert committed_offsets(group, topic) == [2]
 
 
-@override_settings(INBOX_MAX_ATTEMPTS=1)
+@override_app_settings("INBOX", MAX_ATTEMPTS=1)
 def test_a_failing_handler_leaves_a_failed_row_that_succeeds_on_retry(
     kafka_topic, inbox_registry, effects, run_consumer
 ):
@@ -234,7 +234,7 @@ def test_exactly_once_mode_seeks_to_the_stored_offset_on_assignment(
     monkeypatch.setattr(consumer_module, "parse_record", parse_record)
     results: list[BatchResult] = []
 
-    with override_settings(INBOX_GROUP_PROTOCOL=protocol):
+    with override_app_settings("INBOX", GROUP_PROTOCOL=protocol):
         consumer = run_consumer(
             group=group,
             exactly_once=True,
@@ -341,7 +341,7 @@ def test_a_batch_that_cannot_be_recorded_is_rewound_and_retried(
     assert committed_offsets(group, topic) == [3]
 
 
-@override_settings(INBOX_UNKNOWN_EVENT_TYPE="fail")
+@override_app_settings("INBOX", UNKNOWN_EVENT_TYPE="fail")
 def test_nul_bytes_in_keys_and_headers_do_not_stall_the_partition(
     kafka_topic, inbox_registry, effects, run_consumer
 ):

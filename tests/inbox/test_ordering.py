@@ -8,7 +8,6 @@ import time
 import pytest
 from confluent_kafka import Message
 from django.db import connection
-from django.test import override_settings
 from django.utils import timezone
 
 from inbox.errors import InvalidTransition
@@ -22,6 +21,7 @@ from inbox.services.sequences import (
     inbox_sequence_skip_head,
     sequence_lock_name,
 )
+from tests.app_settings import override_app_settings
 from tests.conftest import connect_outside_django
 from tests.inbox.conftest import GROUP, record_batch, records
 from tests.inbox.factories import Event
@@ -33,7 +33,7 @@ PENDING, DONE, FAILED, PARKED = "PENDING", "DONE", "FAILED", "PARKED"
 
 @pytest.fixture
 def ordered():
-    with override_settings(INBOX_ORDERING="key", INBOX_GROUP_ORDERING={}):
+    with override_app_settings("INBOX", ORDERING="key", GROUP_ORDERING={}):
         yield
 
 
@@ -113,7 +113,7 @@ def test_a_run_of_the_sequence_stops_at_the_next_failure(applied):
     assert effect_order() == [a1.event_id, a2.event_id, a3.event_id]
 
 
-@override_settings(INBOX_MAX_ATTEMPTS=1)
+@override_app_settings("INBOX", MAX_ATTEMPTS=1)
 def test_a_failed_head_holds_its_key_until_an_operator_replays_it(applied):
     a1, a2 = Event(aggregate_id="a"), Event(aggregate_id="a")
     applied["raise_for"] = {a1.event_id}
@@ -126,7 +126,7 @@ def test_a_failed_head_holds_its_key_until_an_operator_replays_it(applied):
     assert effect_order() == [a1.event_id, a2.event_id]
 
 
-@override_settings(INBOX_MAX_ATTEMPTS=1)
+@override_app_settings("INBOX", MAX_ATTEMPTS=1)
 def test_skipping_the_head_discards_it_and_runs_the_rest(applied):
     a1, a2, a3 = (Event(aggregate_id="a") for _ in range(3))
     applied["raise_for"] = {a1.event_id}
@@ -141,7 +141,7 @@ def test_skipping_the_head_discards_it_and_runs_the_rest(applied):
         inbox_sequence_skip_head(group=GROUP, topic="t", key="a")
 
 
-@override_settings(INBOX_MAX_ATTEMPTS=1)
+@override_app_settings("INBOX", MAX_ATTEMPTS=1)
 def test_discarding_a_failed_head_is_skipping_it(applied):
     a1, a2 = Event(aggregate_id="a"), Event(aggregate_id="a")
     applied["raise_for"] = {a1.event_id}
@@ -151,7 +151,7 @@ def test_discarding_a_failed_head_is_skipping_it(applied):
     assert statuses(a1, a2) == [FAILED, DONE]
 
 
-@override_settings(INBOX_MAX_ATTEMPTS=1)
+@override_app_settings("INBOX", MAX_ATTEMPTS=1)
 def test_releasing_the_key_runs_the_rest_and_keeps_the_head_for_a_replay(applied):
     a1, a2, a3 = (Event(aggregate_id="a") for _ in range(3))
     applied["raise_for"] = {a1.event_id}
@@ -171,7 +171,7 @@ def test_releasing_the_key_runs_the_rest_and_keeps_the_head_for_a_replay(applied
     assert effect_order() == [e.event_id for e in (a2, a3, a4, a1)]
 
 
-@override_settings(INBOX_MAX_ATTEMPTS=1)
+@override_app_settings("INBOX", MAX_ATTEMPTS=1)
 def test_an_operator_retry_of_the_sequence_makes_a_failed_head_due_with_a_fresh_budget(applied):
     a1, a2 = Event(aggregate_id="a"), Event(aggregate_id="a")
     applied["raise_for"] = {a1.event_id}
@@ -240,7 +240,7 @@ def test_messages_without_a_key_are_never_parked(applied):
 def test_ordering_none_runs_every_message_on_its_own(applied):
     a1, a2 = Event(aggregate_id="a"), Event(aggregate_id="a")
     applied["raise_for"] = {a1.event_id}
-    with override_settings(INBOX_GROUP_ORDERING={GROUP: "none"}):
+    with override_app_settings("INBOX", GROUP_ORDERING={GROUP: "none"}):
         record_batch(records([a1, a2]))
         assert statuses(a1, a2) == [PENDING, DONE]
         applied["raise_for"] = set()
@@ -289,7 +289,7 @@ def test_a_message_parked_behind_a_head_that_a_run_is_finishing_runs_on_the_next
             cursor.execute("DELETE FROM inbox_test_effect WHERE consumer_group = %s", [GROUP])
 
 
-@override_settings(INBOX_MAX_ATTEMPTS=1)
+@override_app_settings("INBOX", MAX_ATTEMPTS=1)
 def test_a_replayed_skipped_head_holds_its_key_again(applied):
     a1, a2, a3 = (Event(aggregate_id="a") for _ in range(3))
     applied["raise_for"] = {a1.event_id}

@@ -6,11 +6,11 @@ import uuid
 
 import pytest
 from django.db import connection
-from django.test import override_settings
 
 from inbox import handler
 from inbox.models import InboxMessage
 from inbox.services.retries import inbox_messages_retry_due
+from tests.app_settings import override_app_settings
 from tests.inbox.conftest import consume_until, record_effect
 from tests.inbox.factories import Event, produce
 
@@ -39,7 +39,7 @@ def inversions(produced: dict[str, list[str]], applied: list[str]) -> int:
 
 
 @pytest.mark.parametrize("ordering", ["key", "none"])
-@override_settings(INBOX_RETRY_BASE_SECONDS=0.0, INBOX_RETRY_MAX_SECONDS=0.0)
+@override_app_settings("INBOX", RETRY_BASE_SECONDS=0.0, RETRY_MAX_SECONDS=0.0)
 def test_handler_failures_keep_or_break_the_order_of_each_key(
     ordering, kafka_topic, inbox_registry, effects, run_consumer
 ):
@@ -61,7 +61,7 @@ def test_handler_failures_keep_or_break_the_order_of_each_key(
             failed_first_tries.append(message.event_id)
             raise RuntimeError("first try fails")
 
-    with override_settings(INBOX_GROUP_ORDERING={group: ordering}):
+    with override_app_settings("INBOX", GROUP_ORDERING={group: ordering}):
         produce(topic, events)
         consumer = run_consumer(group=group)
         consume_until(

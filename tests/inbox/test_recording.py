@@ -7,7 +7,6 @@ import uuid
 
 import pytest
 from django.db import transaction
-from django.test import override_settings
 from django.utils import timezone
 
 from inbox import handler
@@ -15,6 +14,7 @@ from inbox.errors import ImproperlyConfiguredInbox, InvalidTransition
 from inbox.models import ConsumerOffset, InboxMessage
 from inbox.services.recording import inbox_message_record_batch, retry_delay_seconds
 from inbox.services.retries import inbox_messages_retry_due
+from tests.app_settings import override_app_settings
 from tests.conftest import connect_outside_django
 from tests.inbox.conftest import GROUP, effect_counts, record_batch, record_effect, records
 from tests.inbox.factories import Event
@@ -55,7 +55,7 @@ def test_a_failing_handler_rolls_back_its_savepoint_and_schedules_a_retry(applie
     assert row.next_attempt_at > before
 
 
-@override_settings(INBOX_RETRY_BASE_SECONDS=2.0, INBOX_RETRY_MAX_SECONDS=60.0)
+@override_app_settings("INBOX", RETRY_BASE_SECONDS=2.0, RETRY_MAX_SECONDS=60.0)
 def test_backoff_is_exponential_with_jitter_and_capped():
     for attempts, full in ((1, 2.0), (2, 4.0), (3, 8.0), (10, 60.0)):
         delays = [retry_delay_seconds(attempts=attempts) for _ in range(50)]
@@ -208,7 +208,7 @@ def test_a_batch_runs_the_same_few_statements_whatever_its_size(
 
     # The lookup of existing rows and the INSERT, in the test's savepoint (and its release);
     # with order per key, the look-up of the batch's held keys too.
-    with override_settings(INBOX_ORDERING=ordering):
+    with override_app_settings("INBOX", ORDERING=ordering):
         assert (
             _statements_of_a_batch(monkeypatch, 2)
             == _statements_of_a_batch(monkeypatch, 50)

@@ -2,13 +2,13 @@
 
 import pytest
 from confluent_kafka import Message
-from django.test import override_settings
 
 from inbox.errors import InvalidTransition
 from inbox.models import InboxMessage
 from inbox.records import parse_record
 from inbox.services.repairs import inbox_message_discard, inbox_message_replay
 from inbox.services.retries import inbox_messages_retry_due
+from tests.app_settings import override_app_settings
 from tests.inbox.conftest import GROUP, effect_counts, record_batch, records
 from tests.inbox.factories import Event
 
@@ -29,7 +29,7 @@ def test_only_failed_rows_with_json_can_be_replayed(applied):
 def test_a_discarded_row_stays_a_dedup_record_until_replayed(applied):
     bad = Event()
     applied["raise_for"] = {bad.event_id}
-    with override_settings(INBOX_MAX_ATTEMPTS=1):
+    with override_app_settings("INBOX", MAX_ATTEMPTS=1):
         record_batch(records([bad]))
     row = InboxMessage.objects.get(event_id=bad.event_id)
     assert row.status == InboxMessage.Status.FAILED

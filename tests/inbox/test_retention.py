@@ -3,11 +3,11 @@
 import datetime as dt
 
 import pytest
-from django.test import override_settings
 from django.utils import timezone
 
 from inbox.models import InboxMessage
 from inbox.services.retention import inbox_messages_purge_processed
+from tests.app_settings import override_app_settings
 from tests.inbox.conftest import record_batch, records
 from tests.inbox.factories import Event
 
@@ -31,6 +31,6 @@ def test_purge_deletes_old_done_rows_in_bounded_batches(applied):
 
 def test_purge_keeps_rows_younger_than_the_retention(applied):
     record_batch(records([Event()]))
-    with override_settings(INBOX_RETENTION_DAYS=14):
+    with override_app_settings("INBOX", RETENTION_DAYS=14):
         assert inbox_messages_purge_processed() == 0
     assert InboxMessage.objects.count() == 1

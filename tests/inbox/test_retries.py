@@ -1,12 +1,12 @@
 """inbox/services/retries.py against PostgreSQL."""
 
 import pytest
-from django.test import override_settings
 from django.utils import timezone
 
 from inbox.models import InboxMessage
 from inbox.services.repairs import inbox_message_replay
 from inbox.services.retries import inbox_message_retry, inbox_messages_retry_due
+from tests.app_settings import override_app_settings
 from tests.inbox.conftest import GROUP, effect_counts, record_batch, records
 from tests.inbox.factories import Event
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db
 def test_retries_back_off_until_the_row_fails(applied):
     bad = Event()
     applied["raise_for"] = {bad.event_id}
-    with override_settings(INBOX_MAX_ATTEMPTS=3):
+    with override_app_settings("INBOX", MAX_ATTEMPTS=3):
         record_batch(records([bad]))
         row = InboxMessage.objects.get(event_id=bad.event_id)
         # Not due yet: the retry task leaves it alone.
@@ -45,7 +45,7 @@ def test_retries_back_off_until_the_row_fails(applied):
 
 def test_a_retry_without_a_handler_counts_as_a_failed_attempt(applied):
     event = Event(event_type="Gone")
-    with override_settings(INBOX_UNKNOWN_EVENT_TYPE="fail"):
+    with override_app_settings("INBOX", UNKNOWN_EVENT_TYPE="fail"):
         record_batch(records([event]))
     row = InboxMessage.objects.get()
     assert row.status == InboxMessage.Status.FAILED

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 import outbox
+from kafka_events.conf import kafka_settings
 from outbox.log_relay import LogRelay
 from outbox.models import OutboxEvent
 from outbox.producer import close_producers
@@ -108,7 +109,7 @@ def subprocess_environment(**extra: str) -> dict[str, str]:
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "project.settings.local",
         "DATABASE_URL": url,
-        "KAFKA_BOOTSTRAP_SERVERS": settings.KAFKA_BOOTSTRAP_SERVERS,
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_settings.BOOTSTRAP_SERVERS,
         "OUTBOX_NUDGE_ON_COMMIT": "false",
         **extra,
     }

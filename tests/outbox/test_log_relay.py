@@ -144,8 +144,11 @@ def test_a_failed_event_holds_its_key_until_it_goes_then_the_rest_follows_in_ord
 ):
     topic = kafka_topic(partitions=2)
     # The producer refuses a record over 4,000 bytes: one event of key "a" is too large.
-    settings.OUTBOX_PRODUCER_CONFIG = {"message.max.bytes": "4000"}
-    settings.OUTBOX_RETRY_BASE_SECONDS = 60
+    settings.OUTBOX = {
+        **settings.OUTBOX,
+        "PRODUCER_CONFIG": {"message.max.bytes": "4000"},
+        "RETRY_BASE_SECONDS": 60,
+    }
     with transaction.atomic():
         for seq in range(4):
             for key in ("a", "b"):
@@ -180,7 +183,7 @@ def test_a_failed_event_holds_its_key_until_it_goes_then_the_rest_follows_in_ord
     later = relay.run()
     assert (later.published, later.held) == (2, 1)
 
-    settings.OUTBOX_PRODUCER_CONFIG = {}
+    settings.OUTBOX = {**settings.OUTBOX, "PRODUCER_CONFIG": {}}
     close_producers()
     OutboxHeldEvent.objects.update(next_attempt_at=timezone.now())  # as an operator's retry
     released = relay.run()
@@ -204,8 +207,11 @@ def test_a_head_that_keeps_failing_waits_for_an_operator_after_its_last_attempt(
     kafka_topic, log_relay, settings
 ):
     topic = kafka_topic()
-    settings.OUTBOX_PRODUCER_CONFIG = {"message.max.bytes": "4000"}
-    settings.OUTBOX_MAX_ATTEMPTS = 2
+    settings.OUTBOX = {
+        **settings.OUTBOX,
+        "PRODUCER_CONFIG": {"message.max.bytes": "4000"},
+        "MAX_ATTEMPTS": 2,
+    }
     with transaction.atomic():
         outbox.publish(
             aggregate_type="o", aggregate_id="k", event_type="E", payload="x" * 5000, topic=topic
@@ -228,9 +234,10 @@ def test_with_the_broker_unreachable_the_batch_waits_and_no_key_is_held(
 ):
     topic = kafka_topic()
     events = publish_events(topic, 5, keys=5)
-    real_servers = settings.KAFKA_BOOTSTRAP_SERVERS
-    settings.KAFKA_BOOTSTRAP_SERVERS = "127.0.0.1:1"  # nothing listens there
-    settings.OUTBOX_PRODUCER_DELIVERY_TIMEOUT_MS = 1000
+    reachable = settings.KAFKA_EVENTS
+    # Nothing listens there.
+    settings.KAFKA_EVENTS = {**reachable, "BOOTSTRAP_SERVERS": "127.0.0.1:1"}
+    settings.OUTBOX = {**settings.OUTBOX, "PRODUCER_DELIVERY_TIMEOUT_MS": 1000}
     during_outage = log_relay()
 
     outage = during_outage.run(max_seconds=0.1)
@@ -241,7 +248,7 @@ def test_with_the_broker_unreachable_the_batch_waits_and_no_key_is_held(
     assert "_MSG_TIMED_OUT" in OutboxDelivery.objects.first().error
     during_outage.close()
 
-    settings.KAFKA_BOOTSTRAP_SERVERS = real_servers
+    settings.KAFKA_EVENTS = reachable
     close_producers()
     # A relay that starts from what the first one wrote down finds the whole batch.
     assert log_relay().run().published == 5
@@ -339,7 +346,7 @@ def test_the_long_running_log_relay_wakes_on_commit_and_stops_cleanly(kafka_topi
 
 def test_retention_keeps_what_the_relay_still_needs(kafka_topic, log_relay, settings):
     topic = kafka_topic()
-    settings.OUTBOX_PRODUCER_CONFIG = {"message.max.bytes": "4000"}
+    settings.OUTBOX = {**settings.OUTBOX, "PRODUCER_CONFIG": {"message.max.bytes": "4000"}}
     with transaction.atomic():
         outbox.publish(
             aggregate_type="o", aggregate_id="a", event_type="E", payload="x" * 5000, topic=topic
@@ -433,7 +440,7 @@ def _as_log_events(events: list[OutboxEvent]) -> list[LogEvent]:
 def test_transactional_mode_fences_a_relay_that_lost_its_shards_and_sends_on(
     kafka_topic, kafka_consumer_config, start_relay, log_relay, settings
 ):
-    settings.OUTBOX_RELAY_TRANSACTIONAL = True
+    settings.OUTBOX = {**settings.OUTBOX, "RELAY_TRANSACTIONAL": True}
     slot = f"fence-{uuid.uuid4().hex[:8]}"
     zombie = log_relay(transactional_id=transactional_id_for(slot))
     topic = kafka_topic(partitions=2)
@@ -467,7 +474,7 @@ def test_transactional_mode_fences_a_relay_that_lost_its_shards_and_sends_on(
 
 def test_a_held_key_whose_events_were_deleted_is_let_go(kafka_topic, log_relay, settings):
     topic = kafka_topic()
-    settings.OUTBOX_PRODUCER_CONFIG = {"message.max.bytes": "4000"}
+    settings.OUTBOX = {**settings.OUTBOX, "PRODUCER_CONFIG": {"message.max.bytes": "4000"}}
     with transaction.atomic():
         for size in (5000, 10):
             outbox.publish(

@@ -37,7 +37,7 @@ def spend_attempts(relay: LogRelay) -> None:
 
 
 def lift_size_limit(settings) -> None:
-    settings.OUTBOX_PRODUCER_CONFIG = {}
+    settings.OUTBOX = {**settings.OUTBOX, "PRODUCER_CONFIG": {}}
     close_producers()
 
 

@@ -127,7 +127,7 @@ def test_a_publish_committing_while_the_drop_waits_for_its_lock_keeps_its_day(
     )
     # Retention's checks see the two delivered events only; the drop then waits for the
     # lock the uncommitted insert holds, and gets it once that commits.
-    settings.OUTBOX_PARTITION_LOCK_TIMEOUT_MS = 10_000
+    settings.OUTBOX = {**settings.OUTBOX, "PARTITION_LOCK_TIMEOUT_MS": 10_000}
     committer = threading.Timer(1.0, other.commit)
     committer.start()
     try:
@@ -145,7 +145,7 @@ def test_a_publish_committing_while_the_drop_waits_for_its_lock_keeps_its_day(
     # With a short timeout a lock that does not come leaves the day for the next run.
     other = connect_outside_django(connection.settings_dict)
     other.execute("LOCK TABLE outbox_event IN ACCESS SHARE MODE")
-    settings.OUTBOX_PARTITION_LOCK_TIMEOUT_MS = 100
+    settings.OUTBOX = {**settings.OUTBOX, "PARTITION_LOCK_TIMEOUT_MS": 100}
     try:
         assert relay.run().published == 1
         purged = outbox_event_log_purge(

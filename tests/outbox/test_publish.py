@@ -1,4 +1,5 @@
 import itertools
+import re
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -89,7 +90,11 @@ class Unserialisable:
     [
         ({"payload": {"x": Unserialisable()}}, InvalidPayload, "not JSON-serialisable"),
         ({"payload": {"x": float("nan")}}, InvalidPayload, "not JSON-serialisable"),
-        ({"payload": {"blob": "x" * (900 * 1024)}}, PayloadTooLarge, "OUTBOX_MAX_PAYLOAD_BYTES"),
+        (
+            {"payload": {"blob": "x" * (900 * 1024)}},
+            PayloadTooLarge,
+            re.escape('OUTBOX["MAX_PAYLOAD_BYTES"] allows 921600'),
+        ),
         ({"aggregate_type": ""}, InvalidEvent, "aggregate_type must not be empty"),
         ({"aggregate_id": "  "}, InvalidEvent, "aggregate_id must not be empty"),
         ({"event_type": ""}, InvalidEvent, "event_type must not be empty"),
@@ -172,7 +177,7 @@ def test_positions_follow_creation_order():
 def test_the_size_limit_counts_the_bytes_the_relay_will_send(settings):
     from django.db import connection
 
-    settings.OUTBOX_MAX_PAYLOAD_BYTES = 1000
+    settings.OUTBOX = {**settings.OUTBOX, "MAX_PAYLOAD_BYTES": 1000}
     # Many small elements: the spaced form PostgreSQL prints is much longer than compact JSON.
     payload = {"items": [1] * 300}
     with transaction.atomic():
@@ -234,7 +239,7 @@ def test_publish_prepares_its_insert_once_per_connection(settings):
 def test_outbox_publish_prepared_off_prepares_nothing(settings):
     from django.db import connection
 
-    settings.OUTBOX_PUBLISH_PREPARED = False
+    settings.OUTBOX = {**settings.OUTBOX, "PUBLISH_PREPARED": False}
     connection.close()
     with transaction.atomic():
         event = outbox.publish(**EVENT)

@@ -34,7 +34,7 @@ class Command(BaseCommand):
             action="store_true",
             help="Print each group that has handlers, one per line, and exit.",
         )
-        parser.add_argument("--batch-size", type=int, help="Default: INBOX_BATCH_SIZE.")
+        parser.add_argument("--batch-size", type=int, help='Default: INBOX["BATCH_SIZE"].')
         parser.add_argument(
             "--metrics-port",
             type=int,
