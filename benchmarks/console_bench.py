@@ -83,8 +83,9 @@ DELIVERY_SQL = (
     """,
     """
     INSERT INTO outbox_held_event (event_id, shard, topic, key, transaction_id, position,
-        attempts, next_attempt_at, last_error, held_at)
-    SELECT id, {shard}, topic, key, txid::text::bigint, position, %(attempts)s, NULL, error,
+        event_transaction_id, event_position, attempts, next_attempt_at, last_error, held_at)
+    SELECT id, {shard}, topic, key, txid::text::bigint, position, txid::text::bigint, position,
+           %(attempts)s, NULL, error,
            created_at + %(attempts)s * interval '1 second'
     FROM bench_event WHERE failed
     """,

@@ -1,10 +1,11 @@
-import uuid
 from typing import Any
 
 from django.contrib.postgres.indexes import BrinIndex
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.utils import timezone
+
+from outbox.ids import new_event_id
 
 # Allocated by PostgreSQL at insert; orders the events of one key (see OutboxEvent.position).
 POSITION_SEQUENCE = "outbox_event_position_seq"
@@ -53,7 +54,7 @@ class OutboxEvent(models.Model):
         DONE = "DONE", "Done"
         FAILED = "FAILED", "Failed"
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False, db_column="id")
+    id = models.UUIDField(primary_key=True, default=new_event_id, editable=False, db_column="id")
     aggregate_type = models.CharField(max_length=255, db_column="aggregatetype")
     aggregate_id = models.CharField(max_length=255, db_column="aggregateid")
     event_type = models.CharField(max_length=255, db_column="type")
@@ -84,22 +85,32 @@ class OutboxEvent(models.Model):
             for permission in OutboxEventPermission
         )
         # The table is partitioned by day on created_at (migration 0014, made in SQL;
-        # outbox.services.partitions), so `id` is indexed but not unique in the database:
-        # PostgreSQL's unique indexes on a partitioned table must include created_at.
+        # outbox.services.partitions), so `id` is not unique in the database: PostgreSQL's
+        # unique indexes on a partitioned table must include created_at (a caller's own ids
+        # are kept unique by OutboxGivenEventId).
         # Every B-tree index adds a WAL record to each publish(), inside the business
         # transaction (a leaf insert: 64 to 72 bytes in pg_walinspect for bench-outbox's
-        # events). So there are three: the id, the relay's read order (which also orders the
-        # console's lists, newest first) and the key, the console's search for what happened
-        # to one aggregate (the key is its id unless the publisher chose another). Time
-        # ranges use a BRIN index: the rows are appended in about created_at order, and an
-        # insert into a range of pages that has no summary yet (the range being filled, as a
-        # rule) writes nothing to it; one into a range that has a summary costs a WAL record
-        # (72 bytes). Topic, type and aggregate filters read the newest events first, or a
-        # time range.
+        # events), and some of its time. So there are two: the relay's read order (which also
+        # orders the console's lists, newest first, and finds a held event) and the key, the
+        # console's search for what happened to one aggregate (the key is its id unless the
+        # publisher chose another). The id and created_at use BRIN indexes: the rows are
+        # appended in about created_at order and the ids publish() draws are time-ordered
+        # (outbox.ids), so a range of 128 pages has a narrow range of each; an insert into a
+        # range of pages that has no summary yet (the range being filled, as a rule) writes
+        # nothing to them, one into a range that has a summary a WAL record (72 bytes). The
+        # id's is minmax-multi: a caller's own ids (random ones, version 4) are kept in its
+        # summaries as points, instead of widening a range to match everything. Topic, type
+        # and aggregate filters read the newest events first, or a time range.
         indexes = (
             models.Index(fields=("transaction_id", "position"), name="outbox_event_txid_idx"),
             models.Index(fields=("key",), name="outbox_event_key_idx"),
             BrinIndex(fields=("created_at",), name="outbox_event_created_brin", autosummarize=True),
+            BrinIndex(
+                fields=("id",),
+                name="outbox_event_id_brin",
+                autosummarize=True,
+                opclasses=("uuid_minmax_multi_ops",),
+            ),
         )
 
     def __str__(self) -> str:
@@ -107,10 +118,11 @@ class OutboxEvent(models.Model):
 
 
 class OutboxGivenEventId(models.Model):
-    """An event id a caller chose (publish(event_id=...)). The event table is partitioned by
-    day and can hold no unique index on the id alone, so this table keeps a given id from
-    being used twice; ids publish() draws itself are random and need none. Retention deletes
-    an id once its event is gone."""
+    """An event id a caller chose (publish(event_id=...)), and the ids of the events from before
+    partitioning (migration 0015). The event table is partitioned by day and can hold no unique
+    index on the id alone, so this table keeps a given id from being used twice; ids publish()
+    draws itself are new and time-ordered, and need none. Retention deletes an id once its
+    event is gone."""
 
     id = models.UUIDField(primary_key=True)
     created_at = models.DateTimeField()
@@ -185,6 +197,11 @@ class OutboxHeldEvent(models.Model):
     # The event's place in commit order: its transaction id, then its position.
     transaction_id = models.BigIntegerField()
     position = models.BigIntegerField()
+    # Where the event's row is: its own transaction id and position, which the event table's
+    # index of commit order finds (the table has no B-tree on the id). The same as the place
+    # above, but for an event replayed with its own id: held again as the last of its key.
+    event_transaction_id = models.BigIntegerField()
+    event_position = models.BigIntegerField()
     # Meaningful on the head only: its failed attempts, and when it is tried again (NULL
     # once its attempts are spent: an operator retries or discards it).
     attempts = models.PositiveIntegerField(default=0)

@@ -27,7 +27,7 @@ from django.db.models.functions import Coalesce, Greatest, NullIf
 from django.utils import timezone
 
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
-from outbox.services.event_log import ALL_SHARDS
+from outbox.services.event_log import ALL_SHARDS, HELD_EVENT
 
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations
@@ -192,10 +192,11 @@ def outbox_log_backlog() -> LogBacklog:
                        count(*) FILTER (WHERE NOT held.spent) AS waiting,
                        min(event.created_at) FILTER (WHERE NOT held.spent) AS oldest
                 FROM (
-                    SELECT event_id, next_attempt_at IS NULL AND attempts > 0 AS spent
+                    SELECT event_transaction_id, event_position,
+                           next_attempt_at IS NULL AND attempts > 0 AS spent
                     FROM outbox_held_event
                 ) AS held
-                JOIN outbox_event AS event ON event.id = held.event_id
+                JOIN outbox_event AS event ON {HELD_EVENT}
             )
             SELECT unsent.events, held.waiting, held.spent, least(unsent.oldest, held.oldest)
             FROM unsent, held
@@ -238,7 +239,7 @@ def outbox_log_done_count() -> int:
                    - (SELECT events FROM unsent)
                    - (SELECT count(*) FROM outbox_held_event AS held
                       WHERE EXISTS (SELECT 1 FROM outbox_event AS event
-                                    WHERE event.id = held.event_id))
+                                    WHERE {HELD_EVENT}))
                    - (SELECT count(*) FROM discarded
                       WHERE EXISTS (SELECT 1 FROM outbox_event AS event
                                     WHERE event.id = discarded.event_id)

@@ -107,6 +107,19 @@ def publish_numbered(topic: str, key: str, seq: int, *, too_large: bool = False)
         )
 
 
+def event_row_place(event: Any) -> dict[str, int]:
+    """Where an event's row is, as a held row keeps it (OutboxHeldEvent's event_transaction_id
+    and event_position): the transaction id PostgreSQL gave it and its position."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT txid::text::bigint, position FROM outbox_event WHERE id = %s", [event.pk]
+        )
+        transaction_id, position = cursor.fetchone()
+    return {"event_transaction_id": transaction_id, "event_position": position}
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = []
     database = settings.DATABASES["default"]

@@ -358,10 +358,10 @@ def _held_insert(
         db.execute(
             """
             INSERT INTO outbox_held_event (event_id, shard, topic, key, transaction_id,
-                                           position, attempts, next_attempt_at, last_error,
-                                           held_at)
+                                           position, event_transaction_id, event_position,
+                                           attempts, next_attempt_at, last_error, held_at)
             SELECT held.event_id, held.shard, held.topic, held.key, held.txid, held.position,
-                   held.attempts,
+                   held.txid, held.position, held.attempts,
                    CASE WHEN held.attempts > 0
                         THEN now() + make_interval(secs => %s * (0.5 + random() / 2)) END,
                    held.error, now()
@@ -426,20 +426,27 @@ def held_heads_due(
         return [(topic, key) for topic, key in db.fetchall()]
 
 
+# A held event's row, found through the relay's index of commit order (outbox_event_txid_idx):
+# the event table has no B-tree on the id.
+HELD_EVENT = (
+    "event.txid = held.event_transaction_id::text::xid8 AND event.position = held.event_position"
+)
+
+
 def held_events_read(*, topic: str, key: str, limit: int) -> list[LogEvent]:
     """The held events of one key, in order."""
     with connection.cursor() as db:
         db.execute(
-            """
+            f"""
             SELECT event.id, event.aggregatetype, event.aggregateid, event.type,
                    event.payload::text, event.headers, event.topic, event.key, event.created_at,
                    held.transaction_id::text, held.position, held.shard
             FROM outbox_held_event AS held
-            JOIN outbox_event AS event ON event.id = held.event_id
+            JOIN outbox_event AS event ON {HELD_EVENT}
             WHERE held.topic = %s AND held.key = %s
             ORDER BY held.transaction_id, held.position
             LIMIT %s
-            """,
+            """,  # noqa: S608 (constants; values are parameters)
             [topic, key, limit],
         )
         return [_log_event(row) for row in db.fetchall()]
@@ -449,11 +456,11 @@ def held_orphans_drop(*, topic: str, key: str) -> None:
     """Lets go of the held events of a key whose event rows no longer exist."""
     with connection.cursor() as db:
         db.execute(
-            """
+            f"""
             DELETE FROM outbox_held_event AS held
             WHERE held.topic = %s AND held.key = %s
-              AND NOT EXISTS (SELECT 1 FROM outbox_event AS event WHERE event.id = held.event_id)
-            """,
+              AND NOT EXISTS (SELECT 1 FROM outbox_event AS event WHERE {HELD_EVENT})
+            """,  # noqa: S608 (constants; values are parameters)
             [topic, key],
         )
 
@@ -596,21 +603,31 @@ def held_key_release(*, topic: str, key: str) -> int:
         return discarded + db.rowcount
 
 
-def held_event_replay(*, event_id: uuid.UUID, topic: str, key: str) -> bool:
+def held_event_replay(
+    *, event_id: uuid.UUID, topic: str, key: str, transaction_id: int, position: int
+) -> bool:
     """Sends a published or discarded event again with its own id: it is held as the last
     event of its key, in the place of a transaction committing now, and the relay sends it
-    when its turn comes. False when the event is held already."""
+    when its turn comes. `transaction_id` and `position` are the event row's own. False when
+    the event is held already."""
     with connection.cursor() as db:
         db.execute(
             f"""
             INSERT INTO outbox_held_event (event_id, shard, topic, key, transaction_id,
-                                           position, attempts, next_attempt_at, last_error,
-                                           held_at)
+                                           position, event_transaction_id, event_position,
+                                           attempts, next_attempt_at, last_error, held_at)
             VALUES (%(event_id)s, {SHARD_SQL.format(key="%(key)s")}, %(topic)s, %(key)s,
-                    pg_current_xact_id()::text::bigint, nextval(%(sequence)s), 0, NULL, '',
-                    now())
+                    pg_current_xact_id()::text::bigint, nextval(%(sequence)s),
+                    %(transaction_id)s, %(position)s, 0, NULL, '', now())
             ON CONFLICT (event_id) DO NOTHING
             """,  # noqa: S608 (composed of constants; values are parameters)
-            {"event_id": event_id, "topic": topic, "key": key, "sequence": POSITION_SEQUENCE},
+            {
+                "event_id": event_id,
+                "topic": topic,
+                "key": key,
+                "sequence": POSITION_SEQUENCE,
+                "transaction_id": transaction_id,
+                "position": position,
+            },
         )
         return db.rowcount == 1

@@ -1,12 +1,11 @@
 """publish(): records an event in the caller's database transaction, having checked it."""
 
 import json
-import os
 import re
 import sys
 import uuid
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any, cast
 
 import psycopg
@@ -23,6 +22,7 @@ from outbox.errors import (
     NotInTransaction,
     PayloadTooLarge,
 )
+from outbox.ids import drawn_time_range, time_ordered_event_id
 from outbox.models import OutboxEvent
 from outbox.services.nudge import nudge_relay_on_commit
 from outbox.tracing import publish_span
@@ -135,26 +135,6 @@ def _resolve_headers(headers: Mapping[str, Any] | None) -> dict[str, str]:
     return resolved
 
 
-UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-RANDOM_62_BITS = (1 << 62) - 1
-
-
-def time_ordered_event_id(created_at: datetime) -> uuid.UUID:
-    """A UUID of version 7 (RFC 9562): the event's creation time in milliseconds, then 74
-    random bits. The ids an event table receives rise with time, so its id index (and each
-    consumer's inbox index of event ids) grows at its right edge, in pages already in memory,
-    instead of splitting pages all over the tree as random ids do."""
-    milliseconds = (created_at - UNIX_EPOCH) // timedelta(milliseconds=1)
-    random_bits = int.from_bytes(os.urandom(10)) >> 6
-    return uuid.UUID(
-        int=milliseconds << 80
-        | 0x7 << 76
-        | (random_bits >> 62) << 64
-        | 0b10 << 62
-        | random_bits & RANDOM_62_BITS
-    )
-
-
 def _resolve_event_id(event_id: uuid.UUID | str | None, created_at: datetime) -> uuid.UUID:
     if event_id is None:
         return time_ordered_event_id(created_at)
@@ -174,14 +154,20 @@ VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, %s, %s)
 RETURNING position, txid::text
 """
 # A caller's own event id may repeat one already recorded. The event table, partitioned by
-# day, has no unique index on the id: the given ids' table has one, and a concurrent publish
-# of the same id waits for this transaction there. The event table is searched too, for ids
-# given before that table existed. Neither statement fails, so the caller's transaction stays
-# usable after a DuplicateEvent. An id publish() draws itself, random and new, skips both.
+# day, has no unique index on the id. The given ids' table has one (migration 0015 copied
+# there the ids of the events from before partitioning), and a concurrent publish of the same
+# id waits for this transaction there. An id publish() drew itself is not in that table: a
+# time-ordered id is looked for among the events of its own millisecond (one partition, a few
+# pages), any other id cannot be one publish() drew. The statement does not fail, so the
+# caller's transaction stays usable after a DuplicateEvent. An id publish() draws, new, skips
+# it.
 CLAIM_GIVEN_ID_SQL = """
 INSERT INTO outbox_event_given_id (id, created_at)
 SELECT %(id)s, %(created_at)s
-WHERE NOT EXISTS (SELECT 1 FROM outbox_event WHERE id = %(id)s)
+WHERE NOT EXISTS (
+    SELECT 1 FROM outbox_event
+    WHERE id = %(id)s AND created_at >= %(drawn_from)s AND created_at < %(drawn_until)s
+)
 ON CONFLICT (id) DO NOTHING
 """
 
@@ -265,7 +251,16 @@ def outbox_event_publish(
         _publish_cursor() as cursor,
     ):
         if event_id is not None:
-            cursor.execute(CLAIM_GIVEN_ID_SQL, {"id": event_uuid, "created_at": created_at})
+            drawn_from, drawn_until = drawn_time_range(event_uuid)
+            cursor.execute(
+                CLAIM_GIVEN_ID_SQL,
+                {
+                    "id": event_uuid,
+                    "created_at": created_at,
+                    "drawn_from": drawn_from,
+                    "drawn_until": drawn_until,
+                },
+            )
             if cursor.rowcount == 0:
                 raise DuplicateEvent(
                     f"An event with id {event_uuid} already exists; an event id is used once."

@@ -74,7 +74,13 @@ def outbox_event_replay(*, event: OutboxEvent, new_event_id: bool) -> OutboxEven
         )
     if new_event_id:
         return _replay_as_new_event(event)
-    if not event_log.held_event_replay(event_id=event.id, topic=event.topic, key=event.key):
+    if not event_log.held_event_replay(
+        event_id=event.id,
+        topic=event.topic,
+        key=event.key,
+        transaction_id=event.transaction_id,
+        position=event.position,
+    ):
         raise IllegalTransition(f"Event {event.id} changed meanwhile; nothing to replay.")
     return outbox_event_delivered(event_id=event.id)
 

@@ -163,11 +163,16 @@ def _defaults_delete(params: dict[str, Any], batch_size: int, deleted: dict[str,
             params,
         )
         deleted["deliveries"] += cursor.rowcount
+        # A given id's event has the given id's creation time: looked for in the partition of
+        # its day only (the event table has no B-tree on the id).
         cursor.execute(
             """
             DELETE FROM outbox_event_given_id AS given
             WHERE created_at < %(older_than)s
-              AND NOT EXISTS (SELECT 1 FROM outbox_event AS event WHERE event.id = given.id)
+              AND NOT EXISTS (
+                  SELECT 1 FROM outbox_event AS event
+                  WHERE event.id = given.id AND event.created_at = given.created_at
+              )
             """,
             params,
         )

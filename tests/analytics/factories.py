@@ -155,6 +155,8 @@ def held_event(
         key=event.key,
         transaction_id=0,
         position=event.position if isinstance(event.position, int) else 0,
+        event_transaction_id=0,
+        event_position=event.position if isinstance(event.position, int) else 0,
         attempts=attempts,
         next_attempt_at=next_attempt_at,
         last_error=last_error,

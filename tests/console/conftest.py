@@ -18,6 +18,7 @@ import outbox
 from inbox.models import InboxMessage
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
 from outbox.services.event_log import OPERATOR_RELAY, shard_of
+from tests.conftest import event_row_place
 
 VIEW_PERMISSIONS = (
     "outbox.view_outboxevent",
@@ -129,6 +130,7 @@ def hold(
         key=event.key,
         transaction_id=_transaction_id(event),
         position=event.position,
+        **event_row_place(event),
         attempts=attempts,
         next_attempt_at=next_attempt_at,
         last_error=error,

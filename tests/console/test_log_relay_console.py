@@ -19,7 +19,7 @@ from console.models import OperatorAction
 from outbox.models import OutboxDelivery, OutboxHeldEvent
 from outbox.producer import close_producers
 from outbox.services.event_log import shard_of
-from tests.conftest import publish_numbered
+from tests.conftest import event_row_place, publish_numbered
 from tests.console.conftest import VIEW_PERMISSIONS, client_for
 from tests.outbox.conftest import consume_all
 
@@ -53,6 +53,7 @@ def hold(event, *, attempts=0, next_attempt_at=None, error=""):
         key=event.key,
         transaction_id=1,
         position=event.position,
+        **event_row_place(event),
         attempts=attempts,
         next_attempt_at=next_attempt_at,
         last_error=error,

@@ -16,6 +16,7 @@ from outbox.errors import (
     OutboxError,
     PayloadTooLarge,
 )
+from outbox.ids import time_ordered_event_id
 from outbox.models import OutboxEvent
 from outbox.selectors import outbox_event_delivered
 from outbox.tracing import current_traceparent
@@ -141,6 +142,19 @@ def test_a_reused_event_id_raises_duplicate_event_and_keeps_the_transaction_usab
             outbox.publish(**EVENT, event_id=str(event_id))
         outbox.publish(**EVENT)
     assert OutboxEvent.objects.count() == 2
+
+
+def test_an_id_publish_drew_cannot_be_given_again():
+    """Drawn ids are not in the given ids' table: publish() looks for a time-ordered id among
+    the events of its millisecond."""
+    with transaction.atomic():
+        drawn = outbox.publish(**EVENT)
+    unused = time_ordered_event_id(drawn.created_at)
+    with transaction.atomic():
+        with pytest.raises(DuplicateEvent, match=str(drawn.id)):
+            outbox.publish(**EVENT, event_id=drawn.id)
+        outbox.publish(**EVENT, event_id=unused)
+    assert set(OutboxEvent.objects.values_list("pk", flat=True)) == {drawn.id, unused}
 
 
 def test_explicit_topic_key_and_headers_are_kept():

@@ -17,6 +17,7 @@ from outbox.selectors import (
     outbox_quarantined_keys,
 )
 from outbox.services.event_log import ALL_SHARDS, shard_of
+from tests.conftest import event_row_place
 
 pytestmark = pytest.mark.django_db
 
@@ -53,6 +54,7 @@ def test_the_delivery_of_an_event_reads_from_its_records_and_the_held_set():
             key=event.key,
             transaction_id=1,
             position=event.position,
+            **event_row_place(event),
             attempts=3,
             next_attempt_at=next_attempt_at,
         )
@@ -151,6 +153,7 @@ def hold(
         key=event.key,
         transaction_id=txid,
         position=event.position,
+        **event_row_place(event),
         attempts=attempts,
         next_attempt_at=next_attempt_at,
         last_error=error,
