@@ -1,4 +1,5 @@
-"""Thin Celery tasks, each calling one service. Schedules: project/settings/schedule.py."""
+"""Thin Celery tasks, each calling one service. Their names are stable; beat runs them from the
+entries of outbox/beat.py."""
 
 import logging
 import socket

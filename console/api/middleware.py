@@ -2,8 +2,20 @@ from collections.abc import Callable
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import NoReverseMatch, reverse
 
 from console.api.exceptions import error_body
+
+
+def is_api_path(path: str) -> bool:
+    """Whether `path` lies under the API, wherever the project mounts console.api.urls
+    (path("ops/api/", include(...)) puts it under /ops/api/)."""
+    try:
+        # The schema sits at the API's root; its address gives the project's prefix.
+        root = reverse("api-schema").removesuffix("schema/")
+    except NoReverseMatch:  # the project does not mount the API
+        return False
+    return path.startswith(root)
 
 
 class BodySizeLimitMiddleware:
@@ -18,7 +30,7 @@ class BodySizeLimitMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        if limit is not None and request.path.startswith("/api/"):
+        if limit is not None and is_api_path(request.path):
             try:
                 length = int(request.META.get("CONTENT_LENGTH") or 0)
             except ValueError:

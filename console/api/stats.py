@@ -4,6 +4,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import reverse
 from django.views.defaults import page_not_found
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
@@ -12,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.api.exceptions import error_body
+from console.api.middleware import is_api_path
 from console.api.permissions import view_permission
 from console.consumer_lag import consumer_lag
 from console.selectors import console_summary, latest_analytics, rate_series
@@ -53,10 +55,11 @@ class ConsumerLagView(APIView):
 
 
 def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
-    """Django's 404 handler: under /api/ the API's JSON error, elsewhere Django's page."""
-    if request.path.startswith("/api/"):
+    """Django's 404 handler: under the API the API's JSON error, elsewhere Django's page."""
+    if is_api_path(request.path):
+        docs = reverse("api-docs")
         return JsonResponse(
-            error_body("not_found", f"No API endpoint at {request.path}; /api/docs/ lists them."),
+            error_body("not_found", f"No API endpoint at {request.path}; {docs} lists them."),
             status=404,
         )
     return page_not_found(request, exception)
