@@ -53,8 +53,13 @@ PYTHON_LTS = os.environ.get("INSTALL_TEST_PYTHON_LTS", "/usr/bin/python3.11")
 PYTHON_NEWEST = os.environ.get(
     "INSTALL_TEST_PYTHON_NEWEST", "/root/.pyenv/versions/3.12.1/bin/python3.12"
 )
+# Django 6.0, the release between them that pyproject.toml's range admits, on Python 3.13.
+PYTHON_LATEST = os.environ.get(
+    "INSTALL_TEST_PYTHON_LATEST", "/root/.pyenv/versions/3.13.0/bin/python3.13"
+)
 DJANGO_LTS = "Django==5.2.19"
 DJANGO_NEWEST = "Django==6.1.3"
+DJANGO_PREVIOUS = "Django==6.0.10"
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,7 @@ class Shop:
         if not Path(python).exists():
             pytest.fail(
                 f"The install test needs the interpreter {python}; install it (pyenv install) "
-                "or name another in INSTALL_TEST_PYTHON_LTS / INSTALL_TEST_PYTHON_NEWEST."
+                "or name another in INSTALL_TEST_PYTHON_LTS, _NEWEST or _LATEST."
             )
         self.run(python, "-m", "venv", str(self.venv), cwd=root)
 
@@ -284,8 +289,8 @@ def committed_offset(group: str, topic: str) -> int:
 @pytest.mark.kafka
 @pytest.mark.parametrize(
     ("python", "django"),
-    [(PYTHON_LTS, DJANGO_LTS), (PYTHON_NEWEST, DJANGO_NEWEST)],
-    ids=["django-lts", "django-newest"],
+    [(PYTHON_LTS, DJANGO_LTS), (PYTHON_NEWEST, DJANGO_NEWEST), (PYTHON_LATEST, DJANGO_PREVIOUS)],
+    ids=["django-lts", "django-newest", "django-6.0-python-3.13"],
 )
 def test_a_new_project_follows_the_readme_and_its_handler_runs_exactly_once(
     python, django, wheel, database, topic, tmp_path

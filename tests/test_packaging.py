@@ -60,6 +60,8 @@ def test_the_wheel_declares_its_dependencies_and_extras(distributions):
     requirements = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     core = [line for line in requirements if "extra ==" not in line]
     assert any("Django<6.2,>=5.2" in line for line in core), core
+    # What tests/test_install.py runs on.
+    assert "Requires-Python: <3.14,>=3.11" in metadata.splitlines()
     assert any(line.startswith("Requires-Dist: confluent-kafka") for line in core)
     # The console, the analytics and the tracing SDK only with their extras.
     assert not any("djangorestframework" in line or "pyspark" in line for line in core)
