@@ -384,10 +384,9 @@ class OutboxEventAdmin(DeliveryAdmin):
         ]
         more = (
             format_html(
-                "<p>Only the first {} attempts are shown; the API's "
-                "/api/outbox/events/{}/attempts/ lists them all.</p>",
+                "<p>Only the first {} attempts are shown; the API's {} lists them all.</p>",
                 ATTEMPTS_SHOWN,
-                event.pk,
+                reverse("outbox-event-attempts", args=[event.pk]),
             )
             if len(records) > ATTEMPTS_SHOWN
             else ""

@@ -12,7 +12,7 @@ from django.urls import reverse
 from console.api.middleware import is_api_path
 from inbox.models import InboxMessage
 from outbox.models import OutboxEvent
-from tests.console.conftest import client_for
+from tests.console.conftest import client_for, deliver
 
 pytestmark = pytest.mark.urls("tests.console.prefixed_urls")
 
@@ -62,3 +62,18 @@ def test_the_admin_pages_are_on_the_default_admin_site(admin_user):
     client = Client()
     client.force_login(admin_user)
     assert client.get(reverse("admin:outbox_outboxevent_changelist")).status_code == 200
+
+
+def test_the_admin_points_to_the_attempts_under_the_prefix(admin_user, make_event, monkeypatch):
+    monkeypatch.setattr("console.admin.outbox.ATTEMPTS_SHOWN", 2)
+    event = make_event()
+    for _ in range(3):
+        deliver(event, "FAILED", error="MSG_TIMED_OUT: Local: Message timed out")
+    client = Client()
+    client.force_login(admin_user)
+    page = client.get(reverse("admin:outbox_outboxevent_change", args=[event.pk]))
+    assert page.status_code == 200
+    assert (
+        f"Only the first 2 attempts are shown; the API's /ops/api/outbox/events/{event.pk}"
+        "/attempts/ lists them all." in page.content.decode()
+    )
