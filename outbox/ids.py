@@ -38,5 +38,8 @@ def drawn_time_range(event_id: uuid.UUID) -> tuple[datetime, datetime]:
     version 7 id carries; an empty range for any other id, which publish() never draws."""
     if event_id.version != 7:
         return UNIX_EPOCH, UNIX_EPOCH
-    start = UNIX_EPOCH + timedelta(milliseconds=event_id.int >> 80)
-    return start, start + timedelta(milliseconds=1)
+    try:
+        start = UNIX_EPOCH + timedelta(milliseconds=event_id.int >> 80)
+        return start, start + timedelta(milliseconds=1)
+    except OverflowError:  # a time after the year 9999, which publish() never draws
+        return UNIX_EPOCH, UNIX_EPOCH

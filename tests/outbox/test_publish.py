@@ -157,6 +157,12 @@ def test_an_id_publish_drew_cannot_be_given_again():
     assert set(OutboxEvent.objects.values_list("pk", flat=True)) == {drawn.id, unused}
 
 
+def test_a_given_time_ordered_id_past_the_year_9999_is_taken():
+    far_future = uuid.UUID("ffffffff-ffff-7fff-bfff-ffffffffffff")
+    with transaction.atomic():
+        assert outbox.publish(**EVENT, event_id=far_future).id == far_future
+
+
 def test_explicit_topic_key_and_headers_are_kept():
     with transaction.atomic():
         event = outbox.publish(
