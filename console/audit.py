@@ -21,6 +21,7 @@ def operator_action_record(
     object_ids: Sequence[Any] = (),
     filters: Mapping[str, Any] | None = None,
     note: str = "",
+    reason: str = "",
     chunks_pending: int = 0,
 ) -> OperatorAction:
     """Writes one entry of the console's audit log."""
@@ -35,6 +36,7 @@ def operator_action_record(
         object_ids=[str(value) for value in list(object_ids)[: OperatorAction.MAX_STORED_IDS]],
         filters=dict(filters or {}),
         note=note,
+        reason=reason,
         chunks_pending=chunks_pending,
     )
 

@@ -40,3 +40,26 @@ def check_masked_fields(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
     except MaskedFieldError as error:
         return [Error(f"CONSOLE_MASKED_FIELDS: {error}", id="console.E002")]
     return []
+
+
+@register()
+def check_bulk_settings(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
+    """The bulk actions' knobs: a chunk and a selection of at least one row, a rate cap of no
+    fewer than zero rows per second (0: no cap). A chunk larger than the cap is allowed, but
+    then every chunk is followed by a pause of more than a second."""
+    problems: list[CheckMessage] = []
+    for name, minimum in (
+        ("CONSOLE_BULK_CHUNK_SIZE", 1),
+        ("CONSOLE_BULK_MAX_ROWS", 1),
+        ("CONSOLE_BULK_MAX_ROWS_PER_SECOND", 0),
+    ):
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            problems.append(
+                Error(
+                    f"{name} is {value!r}; it must be a whole number of at least {minimum}.",
+                    hint="See docs/console.md, 'Bulk actions'.",
+                    id="console.E003",
+                )
+            )
+    return problems

@@ -1,22 +1,18 @@
 """Operator actions, shared by the admin and the API: each checks its permission, calls the
-app's services, and writes the audit log. Large sets are frozen at submit and run in chunks
-by a thin Celery task (console.tasks)."""
+app's services, and writes the audit log. Actions over many rows are in console.bulk_operations."""
 
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NoReturn
+from typing import Any
 
-from django.conf import settings
 from django.db import transaction
-from django.db.models import Model, QuerySet
+from django.db.models import Model
 
 from analytics.models import AnalyticsRun, AnalyticsRunPermission
 from analytics.services import analytics_run_queue
-from console.audit import operator_action_add_progress, operator_action_record
+from console.audit import operator_action_record
 from console.models import OperatorAction
-from console.selectors import rows_counted_up_to
 from inbox.errors import InvalidTransition
 from inbox.models import InboxMessage, InboxMessagePermission
 from inbox.services.repairs import (
@@ -55,6 +51,14 @@ class BulkTooLarge(ConsoleError):
 
 class NotPermitted(ConsoleError):
     code = "permission_denied"
+
+
+class ReasonRequired(ConsoleError):
+    code = "reason_required"
+
+
+class OperationFinished(ConsoleError):
+    code = "operation_finished"
 
 
 @dataclass(frozen=True)
@@ -112,89 +116,6 @@ def require_permission(user: Any, permission: str) -> None:
     if not user.has_perm(permission):
         # str(): a permission is often a TextChoices member, whose repr is not its name.
         raise NotPermitted(f"This action needs the permission {str(permission)!r}.")
-
-
-def _jsonable(value: Any) -> Any:
-    return str(value) if isinstance(value, uuid.UUID) else value
-
-
-def _refuse_too_large(limit: int) -> NoReturn:
-    raise BulkTooLarge(
-        f"The selection has more than {limit} rows (CONSOLE_BULK_MAX_ROWS); narrow the "
-        "filter, e.g. by date range, and run the action once per part."
-    )
-
-
-def bulk_action_count(queryset: QuerySet) -> int:
-    """The rows a bulk action over `queryset` would touch (a dry run), refused as the action
-    would be beyond CONSOLE_BULK_MAX_ROWS: counted no further than that."""
-    limit = settings.CONSOLE_BULK_MAX_ROWS
-    count = rows_counted_up_to(queryset, limit=limit)
-    if count > limit:
-        _refuse_too_large(limit)
-    return count
-
-
-def bulk_action_run(
-    *,
-    user: Any,
-    action: str,
-    source: str,
-    queryset: QuerySet | None = None,
-    ids: Sequence[Any] | None = None,
-    filters: dict[str, Any] | None = None,
-    note: str = "",
-) -> OperatorAction:
-    """Runs `action` over the rows of `queryset` (or `ids`), frozen now.
-
-    Up to CONSOLE_BULK_CHUNK_SIZE rows run here; a larger set is queued as chunks of ids for
-    the Celery task below, and its audit row counts the changed rows as the chunks finish.
-    """
-    spec = ACTIONS[action]
-    require_permission(user, spec.permission)
-    limit = settings.CONSOLE_BULK_MAX_ROWS
-    if queryset is not None:
-        frozen = list(queryset.order_by().values_list("pk", flat=True)[: limit + 1])
-    else:
-        frozen = list(ids or [])
-    if len(frozen) > limit:
-        _refuse_too_large(limit)
-    chunk_size = settings.CONSOLE_BULK_CHUNK_SIZE
-    chunks = [frozen[start : start + chunk_size] for start in range(0, len(frozen), chunk_size)]
-    common = {
-        "user": user,
-        "action": action,
-        "model": model_label(spec.model),
-        "source": source,
-        "requested": len(frozen),
-        "object_ids": [_jsonable(value) for value in frozen],
-        "filters": filters or {},
-        "note": note,
-    }
-    if len(chunks) <= 1:
-        with transaction.atomic():
-            changed = spec.apply(frozen) if frozen else 0
-            return operator_action_record(**common, changed=changed)
-    record = operator_action_record(**common, chunks_pending=len(chunks))
-
-    def enqueue() -> None:
-        from console.tasks import apply_action_chunk
-
-        for chunk in chunks:
-            apply_action_chunk.delay(record.pk, [_jsonable(value) for value in chunk])
-
-    transaction.on_commit(enqueue)
-    return record
-
-
-def bulk_action_apply_chunk(*, action_id: int, object_ids: Sequence[Any]) -> int:
-    """Applies a queued action to one chunk of its frozen ids and records the progress."""
-    record = OperatorAction.objects.get(pk=action_id)
-    spec = ACTIONS[record.action]
-    with transaction.atomic():
-        changed = spec.apply(object_ids)
-        operator_action_add_progress(action_id=action_id, changed=changed, chunks_done=1)
-    return changed
 
 
 # --- single rows -------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ class OperatorActionAdmin(ReadOnlyModelAdmin):
         "requested",
         "changed",
         "chunks_pending",
+        "short_reason",
         "short_note",
     )
     list_filter = ("action", "source", ("created_at", RangeDateTimeFilter))
@@ -38,8 +39,13 @@ class OperatorActionAdmin(ReadOnlyModelAdmin):
         "chunks_pending",
         "filters",
         "object_ids",
+        "reason",
         "note",
     )
+
+    @display(description="Reason")
+    def short_reason(self, entry: OperatorAction) -> str:
+        return entry.reason[:80]
 
     @display(description="Note")
     def short_note(self, entry: OperatorAction) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import flatten_fieldsets
 from django.core.exceptions import PermissionDenied
@@ -25,7 +26,9 @@ from unfold.admin import ModelAdmin
 from unfold.contrib.filters.admin import FieldTextFilter, TextFilter
 from unfold.decorators import display
 
-from console.operations import ConsoleError, bulk_action_run
+from console.bulk_operations import bulk_action_run
+from console.models import OperatorAction
+from console.operations import ConsoleError, ReasonRequired
 from console.privacy import masked, may_view_payload
 from console.selectors import (
     error_class_condition,
@@ -201,16 +204,52 @@ def status_badge(status: str, *, discarded: bool = False) -> str:
     return format_html('<span style="color: {}; font-weight: 600">{}</span>', colour, label)
 
 
+def bulk_progress_url(record: OperatorAction) -> str:
+    return reverse("admin:console_bulkoperation_change", args=[record.bulk_operation.pk])
+
+
 def run_selected_action(
     model_admin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet, name: str, verb: str
-) -> None:
-    """An admin list action: runs `name` over the selected rows and tells the operator what
-    changed, what was skipped, or where the large set was queued."""
-    try:
-        record = bulk_action_run(user=request.user, action=name, source="admin", queryset=queryset)
-    except ConsoleError as error:
-        model_admin.message_user(request, str(error), messages.ERROR)
-        return
+) -> HttpResponse | None:
+    """An admin list action: first a page that asks for the reason (a bulk action needs one),
+    then runs `name` over the selected rows and tells the operator what changed, what was
+    skipped, or where the progress of a large set is shown."""
+    reason = request.POST.get("reason")
+    reason_error = ""
+    if reason is not None:
+        try:
+            record = bulk_action_run(
+                user=request.user, action=name, source="admin", queryset=queryset, reason=reason
+            )
+        except ReasonRequired as error:
+            reason_error = str(error)
+        except ConsoleError as error:
+            model_admin.message_user(request, str(error), messages.ERROR)
+            return None
+        else:
+            return _report_selected(model_admin, request, record, verb)
+    opts = model_admin.model._meta
+    changelist_url = reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": f"{verb}: the selected {opts.verbose_name_plural}",
+        "opts": opts,
+        "action": request.POST.get("action", ""),
+        "select_across": request.POST.get("select_across") == "1",
+        "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+        # The rows are counted once the reason is given; a page of selected rows is small.
+        "count": queryset.count(),
+        "verb": verb,
+        "reason": reason or "",
+        "reason_error": reason_error,
+        "back": f"{changelist_url}?{request.GET.urlencode()}" if request.GET else changelist_url,
+    }
+    return TemplateResponse(request, "admin/console/selected_confirm.html", context)
+
+
+def _report_selected(
+    model_admin: admin.ModelAdmin, request: HttpRequest, record: OperatorAction, verb: str
+) -> HttpResponse | None:
     if record.chunks_pending:
         model_admin.message_user(
             request,
@@ -218,7 +257,7 @@ def run_selected_action(
             f"(audit #{record.pk}).",
             messages.SUCCESS,
         )
-        return
+        return HttpResponseRedirect(bulk_progress_url(record))
     skipped = record.requested - record.changed
     model_admin.message_user(
         request,
@@ -227,6 +266,7 @@ def run_selected_action(
         + f" (audit #{record.pk}).",
         messages.SUCCESS if record.changed else messages.WARNING,
     )
+    return None
 
 
 def detail_action_confirmation(
@@ -282,6 +322,8 @@ def bulk_matching_view(
         request.GET = original_get
     back = f"{changelist_url}?{filters_query}" if filters_query else changelist_url
     filters = {key: QueryDict(filters_query).getlist(key) for key in QueryDict(filters_query)}
+    reason = request.POST.get("reason", "") if request.method == "POST" else ""
+    reason_error = ""
     if request.method == "POST":
         try:
             record = bulk_action_run(
@@ -290,22 +332,30 @@ def bulk_matching_view(
                 source="admin",
                 queryset=queryset,
                 filters=filters,
-                note=request.POST.get("note", "")[:2000],
+                reason=reason,
             )
+        except ReasonRequired as error:
+            # A form error: the confirmation again, with what the operator typed.
+            reason_error = str(error)
         except ConsoleError as error:  # BulkTooLarge among them
             model_admin.message_user(request, str(error), messages.ERROR)
             return HttpResponseRedirect(back)
-        if record.chunks_pending:
-            text = (
-                f"{verb}: {record.requested} rows frozen and queued in {record.chunks_pending} "
-                f"chunks; audit entry #{record.pk} counts the progress."
-            )
         else:
-            text = (
-                f"{verb}: {record.changed} of {record.requested} rows changed (audit #{record.pk})."
+            if record.chunks_pending:
+                model_admin.message_user(
+                    request,
+                    f"{verb}: {record.requested} rows frozen and queued in "
+                    f"{record.chunks_pending} chunks (audit #{record.pk}).",
+                    messages.SUCCESS,
+                )
+                return HttpResponseRedirect(bulk_progress_url(record))
+            model_admin.message_user(
+                request,
+                f"{verb}: {record.changed} of {record.requested} rows changed "
+                f"(audit #{record.pk}).",
+                messages.SUCCESS,
             )
-        model_admin.message_user(request, text, messages.SUCCESS)
-        return HttpResponseRedirect(back)
+            return HttpResponseRedirect(back)
     context = {
         **model_admin.admin_site.each_context(request),
         "title": f"{verb}: everything matching the filter",
@@ -317,6 +367,9 @@ def bulk_matching_view(
         "back": back,
         "chunk_size": settings.CONSOLE_BULK_CHUNK_SIZE,
         "max_rows": settings.CONSOLE_BULK_MAX_ROWS,
+        "rows_per_second": settings.CONSOLE_BULK_MAX_ROWS_PER_SECOND,
+        "reason": reason,
+        "reason_error": reason_error,
     }
     return TemplateResponse(request, "admin/console/bulk_confirm.html", context)
 

@@ -154,16 +154,16 @@ class InboxMessageAdmin(DeliveryAdmin):
         return format_html('<a href="{}">{} (timeline)</a>', url, event.pk)
 
     @action(description="Retry selected messages now", permissions=["retry"])
-    def retry_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        run_selected_action(self, request, queryset, Action.INBOX_RETRY, "Retry")
+    def retry_selected(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        return run_selected_action(self, request, queryset, Action.INBOX_RETRY, "Retry")
 
     @action(description="Replay selected FAILED messages", permissions=["replay"])
-    def replay_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        run_selected_action(self, request, queryset, Action.INBOX_REPLAY, "Replay")
+    def replay_selected(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        return run_selected_action(self, request, queryset, Action.INBOX_REPLAY, "Replay")
 
     @action(description="Discard selected FAILED messages (kept)", permissions=["discard"])
-    def discard_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        run_selected_action(self, request, queryset, Action.INBOX_DISCARD, "Discard")
+    def discard_selected(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        return run_selected_action(self, request, queryset, Action.INBOX_DISCARD, "Discard")
 
     def run_row_action(self, request: HttpRequest, row: Any, name: str) -> InboxMessage:
         return inbox_message_action(user=request.user, message=row, action=name, source="admin")

@@ -465,20 +465,24 @@ class OutboxEventAdmin(DeliveryAdmin):
     # --- list actions --------------------------------------------------------------------------
 
     @action(description="Retry selected events", permissions=["retry"])
-    def retry_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        run_selected_action(self, request, queryset, Action.OUTBOX_RETRY, "Retry")
+    def retry_selected(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        return run_selected_action(self, request, queryset, Action.OUTBOX_RETRY, "Retry")
 
     @action(description="Discard selected FAILED events (kept for audit)", permissions=["discard"])
-    def discard_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        run_selected_action(self, request, queryset, Action.OUTBOX_DISCARD, "Discard")
+    def discard_selected(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        return run_selected_action(self, request, queryset, Action.OUTBOX_DISCARD, "Discard")
 
     @action(description="Replay selected events with the same event id", permissions=["replay"])
-    def replay_same_id(self, request: HttpRequest, queryset: QuerySet) -> None:
-        run_selected_action(self, request, queryset, Action.OUTBOX_REPLAY, "Replay (same id)")
+    def replay_same_id(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        return run_selected_action(
+            self, request, queryset, Action.OUTBOX_REPLAY, "Replay (same id)"
+        )
 
     @action(description="Replay selected events with a new event id", permissions=["replay"])
-    def replay_new_id(self, request: HttpRequest, queryset: QuerySet) -> None:
-        run_selected_action(self, request, queryset, Action.OUTBOX_REPLAY_NEW_ID, "Replay (new id)")
+    def replay_new_id(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        return run_selected_action(
+            self, request, queryset, Action.OUTBOX_REPLAY_NEW_ID, "Replay (new id)"
+        )
 
     # --- detail actions ------------------------------------------------------------------------
 

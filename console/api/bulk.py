@@ -3,12 +3,14 @@
 from typing import Any
 
 from django.db.models import QuerySet
+from django.urls import reverse
 from django_filters import FilterSet
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
+from rest_framework.response import Response
 
 from console.api.exceptions import ConsoleAPIError
-from console.operations import bulk_action_count, bulk_action_run
+from console.bulk_operations import bulk_action_count, bulk_action_run
 
 
 def bulk_queryset(
@@ -44,31 +46,48 @@ def bulk_response(
     data: dict[str, Any],
     filterset_class: type[FilterSet],
     queryset: QuerySet,
-) -> dict[str, Any]:
+) -> Response:
+    """200 with the result of a dry run or of a set of one chunk; 202 with the operation's URL
+    (also in Location) for a larger set, queued."""
     rows, described = bulk_queryset(data=data, filterset_class=filterset_class, queryset=queryset)
     if data.get("dry_run"):
-        return {
-            "action": action,
-            "dry_run": True,
-            "matched": bulk_action_count(rows),
-            "changed": None,
-            "queued_chunks": 0,
-            "audit_id": None,
-        }
+        return Response(
+            {
+                "action": action,
+                "dry_run": True,
+                "matched": bulk_action_count(rows),
+                "changed": None,
+                "queued_chunks": 0,
+                "audit_id": None,
+                "operation_id": None,
+                "operation_url": None,
+                "status": None,
+            }
+        )
     record = bulk_action_run(
         user=request.user,
         action=action,
         source="api",
+        reason=data.get("reason", ""),
         queryset=rows,
         filters=described if "ids" not in described else {},
-        note=data.get("note", ""),
     )
-    return {
-        "action": action,
-        "dry_run": False,
-        "matched": record.requested,
-        # Known once every chunk ran; the audit entry (audit_id) shows the progress.
-        "changed": record.changed if not record.chunks_pending else None,
-        "queued_chunks": record.chunks_pending,
-        "audit_id": record.pk,
-    }
+    operation = record.bulk_operation
+    url = request.build_absolute_uri(reverse("bulk-operation-detail", args=[operation.pk]))
+    queued = not operation.is_finished
+    return Response(
+        {
+            "action": action,
+            "dry_run": False,
+            "matched": record.requested,
+            # Known once every chunk ran; the operation (operation_url) shows the progress.
+            "changed": None if queued else record.changed,
+            "queued_chunks": record.chunks_pending,
+            "audit_id": record.pk,
+            "operation_id": operation.pk,
+            "operation_url": url,
+            "status": operation.status,
+        },
+        status=202 if queued else 200,
+        headers={"Location": url} if queued else None,
+    )

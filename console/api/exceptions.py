@@ -17,7 +17,9 @@ from outbox.errors import OutboxError
 
 # Illegal state changes are conflicts with the row's current state; other product errors are
 # bad input.
-CONFLICT_CODES = frozenset({"illegal_transition", "invalid_transition", "duplicate_event"})
+CONFLICT_CODES = frozenset(
+    {"illegal_transition", "invalid_transition", "duplicate_event", "operation_finished"}
+)
 
 
 class ConsoleAPIError(exceptions.APIException):

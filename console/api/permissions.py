@@ -38,9 +38,16 @@ class ConsolePermission(BasePermission):
         if needed is None:
             # An action the view names no permissions for is refused, not open to everyone.
             return False
-        if isinstance(request.auth, ApiToken) and not request.auth.allows(needed):
-            return False
-        return bool(user.has_perms(needed))
+        return self._granted(request, needed)
 
     def has_object_permission(self, request: "Request", view: "APIView", obj: Any) -> bool:
-        return self.has_permission(request, view)
+        if not self.has_permission(request, view):
+            return False
+        object_permissions = getattr(view, "object_permissions", None)
+        return object_permissions is None or self._granted(request, object_permissions(obj))
+
+    @staticmethod
+    def _granted(request: "Request", needed: list[str]) -> bool:
+        if isinstance(request.auth, ApiToken) and not request.auth.allows(needed):
+            return False
+        return bool(request.user.has_perms(needed))

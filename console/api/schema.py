@@ -38,7 +38,7 @@ BAD_REQUEST = (
     "date-time the database cannot compare is one), parse_error (a body that is not JSON), "
     "unknown_filter, empty_filter, invalid_id, invalid_cursor, request_too_large (a body over "
     "DATA_UPLOAD_MAX_MEMORY_SIZE), or the services' own codes (e.g. bulk_too_large, "
-    "invalid_window)."
+    "reason_required: a bulk action without a reason, invalid_window)."
 )
 ERROR_DESCRIPTIONS = {
     400: BAD_REQUEST,
@@ -49,7 +49,8 @@ ERROR_DESCRIPTIONS = {
     404: "No such row (not_found).",
     406: "The Accept header names no media type the API can answer with (not_acceptable).",
     409: "The row's state does not allow this change (illegal_transition, "
-    "invalid_transition, duplicate_event): read it again and choose another action.",
+    "invalid_transition, duplicate_event; operation_finished: a bulk operation that has "
+    "ended cannot be cancelled): read it again and choose another action.",
     415: "The body's Content-Type is not one the operation reads "
     "(unsupported_media_type): send application/json.",
     429: "Too many requests (throttled); `Retry-After` says when to try again.",

@@ -6,7 +6,11 @@ from typing import Any
 import django_filters
 from django.conf import settings
 from django_filters import FilterSet
-from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
+from drf_spectacular.utils import (
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema_field,
+)
 from rest_framework import serializers
 
 from console.privacy import ROOTS, masked, may_view_payload
@@ -16,8 +20,9 @@ class ActionInputSerializer(serializers.Serializer):
     note = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
 
 
-class BulkInputSerializer(ActionInputSerializer):
-    """A bulk action's selection. Subclasses declare `ids` with their model's id field."""
+class BulkInputSerializer(serializers.Serializer):
+    """A bulk action's selection and its reason. Subclasses declare `ids` with their model's
+    id field."""
 
     ids: serializers.ListField
     filter = serializers.DictField(
@@ -26,6 +31,14 @@ class BulkInputSerializer(ActionInputSerializer):
         help_text='The list endpoint\'s filters, e.g. {"status": "FAILED"}.',
     )
     dry_run = serializers.BooleanField(default=False)
+    reason = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=2000,
+        default="",
+        help_text="Why the rows are changed, kept in the audit log: required (not blank) "
+        "unless dry_run; a request without one gets 400 with code reason_required.",
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if ("ids" in attrs) == ("filter" in attrs):
@@ -38,12 +51,58 @@ class BulkInputSerializer(ActionInputSerializer):
 
 
 class BulkResultSerializer(serializers.Serializer):
+    """200: a dry run, or a set of one chunk, done. 202: a larger set, queued as a bulk
+    operation; `operation_url` serves its progress and its cancel."""
+
     action = serializers.CharField(read_only=True)
     dry_run = serializers.BooleanField(read_only=True)
     matched = serializers.IntegerField(read_only=True)
     changed = serializers.IntegerField(read_only=True, allow_null=True)
     queued_chunks = serializers.IntegerField(read_only=True)
     audit_id = serializers.IntegerField(read_only=True, allow_null=True)
+    operation_id = serializers.IntegerField(read_only=True, allow_null=True)
+    operation_url = serializers.CharField(read_only=True, allow_null=True)
+    status = serializers.CharField(read_only=True, allow_null=True)
+
+
+def bulk_results_schema() -> dict[int, Any]:
+    """The answers of a bulk action as the OpenAPI schema states them."""
+    return {
+        200: OpenApiResponse(
+            BulkResultSerializer, description="A dry run, or a set of one chunk, done."
+        ),
+        202: OpenApiResponse(
+            BulkResultSerializer,
+            description="A larger set, queued as a bulk operation: `operation_url` (also the "
+            "Location header) serves its progress, and its cancel.",
+        ),
+    }
+
+
+class BulkOperationSerializer(serializers.Serializer):
+    """A bulk operation and its progress."""
+
+    id = serializers.IntegerField(read_only=True)
+    status = serializers.ChoiceField(
+        choices=["QUEUED", "RUNNING", "DONE", "CANCELLED", "FAILED"], read_only=True
+    )
+    action = serializers.CharField(source="audit.action", read_only=True)
+    model = serializers.CharField(source="audit.model", read_only=True)
+    reason = serializers.CharField(source="audit.reason", read_only=True)
+    requested_by = serializers.CharField(source="audit.username", read_only=True)
+    filters = serializers.JSONField(source="audit.filters", read_only=True)
+    rows_requested = serializers.IntegerField(source="audit.requested", read_only=True)
+    rows_done = serializers.IntegerField(read_only=True)
+    rows_changed = serializers.IntegerField(read_only=True)
+    chunks_total = serializers.IntegerField(read_only=True)
+    chunks_done = serializers.IntegerField(read_only=True)
+    created_at = serializers.DateTimeField(read_only=True)
+    started_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    finished_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    cancel_requested_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    cancelled_by = serializers.CharField(read_only=True)
+    error = serializers.CharField(read_only=True)
+    audit_id = serializers.IntegerField(read_only=True)
 
 
 def _filter_value_schema(filter_: django_filters.Filter) -> dict[str, Any]:

@@ -64,8 +64,13 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=256
 API_BULK_MAX_IDS = env.int("API_BULK_MAX_IDS", default=1000)
 
 # Bulk actions run synchronously up to one chunk; larger sets are frozen into chunks of this
-# many ids, each a Celery task (console.tasks), tracked in the audit log.
+# many ids, which a Celery task (console.tasks.run_bulk_operation) applies one transaction
+# each, tracked as a bulk operation (progress, cancel) and in the audit log.
 CONSOLE_BULK_CHUNK_SIZE = env.int("CONSOLE_BULK_CHUNK_SIZE", default=1000)
+# The rate cap of a bulk operation, in rows per second: the task pauses between chunks to stay
+# under it, so a retry of 100,000 events neither floods the relay nor starves the database's
+# other writers. 0 applies the chunks back to back.
+CONSOLE_BULK_MAX_ROWS_PER_SECOND = env.int("CONSOLE_BULK_MAX_ROWS_PER_SECOND", default=5000)
 # A bulk action refuses a filter that matches more rows than this; narrow the filter.
 CONSOLE_BULK_MAX_ROWS = env.int("CONSOLE_BULK_MAX_ROWS", default=1_000_000)
 # Fields of payloads and headers shown masked to everyone (console/privacy.py), comma-separated

@@ -6,7 +6,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from console.models import OperatorAction
+from console.models import BulkOperation, OperatorAction
 from inbox.models import InboxMessage
 from outbox.models import OutboxEvent
 from outbox.selectors import outbox_event_delivered, outbox_events_with_delivery
@@ -223,7 +223,10 @@ def test_retry_all_matching_is_offered_to_those_who_may_retry(make_user, make_me
 
 
 def _post_action(client, url, action, ids):
-    return client.post(url, {"action": action, "_selected_action": [str(i) for i in ids]})
+    return client.post(
+        url,
+        {"action": action, "_selected_action": [str(i) for i in ids], "reason": "ticket 7"},
+    )
 
 
 @pytest.mark.parametrize(
@@ -350,29 +353,39 @@ def test_retry_matching_counts_confirms_and_freezes_the_ids(
     )
     assert confirm.status_code == 200
     assert confirm.context["count"] == 5
-    # Hold the chunks back, as a busy worker would.
-    queued: list[tuple[int, list[str]]] = []
-    monkeypatch.setattr(tasks.apply_action_chunk, "delay", lambda *args: queued.append(args))
+    # Hold the operation back, as a busy worker would.
+    queued: list[int] = []
+    monkeypatch.setattr(tasks.run_bulk_operation, "delay", queued.append)
     with django_capture_on_commit_callbacks(execute=True):
         response = client.post(
             f"{EVENTS}retry-matching/",
             {
                 "_changelist_filters": "status__exact=FAILED&topic=console.payments",
-                "note": "after the broker upgrade",
+                "reason": "after the broker upgrade",
             },
         )
+    operation = BulkOperation.objects.get()
+    assert queued == [operation.pk]
+    # The operator lands on the operation's progress page, which reloads itself while queued.
     assert response.status_code == 302
-    assert len(queued) == 3
+    assert response.url == f"/admin/console/bulkoperation/{operation.pk}/change/"
+    page = client.get(response.url).content.decode()
+    assert 'http-equiv="refresh"' in page
+    assert "0 of 3" in page
+    assert (operation.status, operation.chunks_total, operation.chunks_done) == ("QUEUED", 3, 0)
     entry = OperatorAction.objects.get()
     assert (entry.requested, entry.changed, entry.chunks_pending) == (5, 0, 3)
     # An event that fails after the submit matches the filter, but is not in the frozen ids.
     late = make_event(OutboxEvent.Status.FAILED, topic="console.payments")
-    for action_id, ids in queued:
-        tasks.apply_action_chunk.apply(args=(action_id, ids))
+    tasks.run_bulk_operation.apply(args=(operation.pk,))
     entry.refresh_from_db()
+    operation.refresh_from_db()
     assert (entry.requested, entry.changed, entry.chunks_pending) == (5, 5, 0)
+    assert (operation.status, operation.chunks_done, operation.rows_changed) == ("DONE", 3, 5)
     assert entry.filters == {"status__exact": ["FAILED"], "topic": ["console.payments"]}
-    assert entry.note == "after the broker upgrade"
+    assert entry.reason == "after the broker upgrade"
+    finished = client.get(f"/admin/console/bulkoperation/{operation.pk}/change/").content.decode()
+    assert 'http-equiv="refresh"' not in finished
     assert delivery(late).delivery_status == delivery(other).delivery_status == "FAILED"
     payments = outbox_events_with_delivery(OutboxEvent.objects.filter(topic="console.payments"))
     assert payments.filter(delivery_status="PENDING").count() == 5

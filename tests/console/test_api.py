@@ -309,7 +309,7 @@ def test_bulk_retry_by_filter_changes_the_rows_and_is_audited(operator, make_eve
     make_event(OutboxEvent.Status.FAILED, topic="console.other")
     response = client_for(operator).post(
         f"{EVENTS}bulk/retry/",
-        {"filter": {"status": "FAILED", "topic": "console.payments"}, "note": "broker fixed"},
+        {"filter": {"status": "FAILED", "topic": "console.payments"}, "reason": "broker fixed"},
         format="json",
     )
     assert response.status_code == 200, response.json()
@@ -319,13 +319,15 @@ def test_bulk_retry_by_filter_changes_the_rows_and_is_audited(operator, make_eve
     entry = OperatorAction.objects.get()
     assert entry.filters == {"status": "FAILED", "topic": "console.payments"}
     assert entry.username == "operator"
-    assert entry.note == "broker fixed"
+    assert entry.reason == "broker fixed"
 
 
 def test_bulk_discard_by_ids(operator, make_event):
     events = [make_event(OutboxEvent.Status.FAILED) for _ in range(2)]
     response = client_for(operator).post(
-        f"{EVENTS}bulk/discard/", {"ids": [str(e.pk) for e in events]}, format="json"
+        f"{EVENTS}bulk/discard/",
+        {"ids": [str(e.pk) for e in events], "reason": "poison events"},
+        format="json",
     )
     assert response.json()["changed"] == 2
     assert events_in_state("discarded").count() == 2
@@ -461,7 +463,8 @@ def test_inbox_discard_keeps_the_row_and_only_a_replay_brings_it_back(operator, 
     assert client.get(MESSAGES, {"discarded": "true"}).json()["results"][0]["id"] == message.pk
     assert client.get(MESSAGES, {"discarded": "false"}).json()["results"] == []
 
-    retried = client.post(f"{MESSAGES}bulk/retry/", {"ids": [message.pk]}, format="json").json()
+    body = {"ids": [message.pk], "reason": "after the fix"}
+    retried = client.post(f"{MESSAGES}bulk/retry/", body, format="json").json()
     assert retried["changed"] == 0
     refused = client.post(f"{MESSAGES}{message.pk}/retry/", {}, format="json")
     assert refused.status_code == 409
@@ -515,7 +518,9 @@ def test_inbox_bulk_dry_run_and_run(operator, make_message):
     body = {"filter": {"status": "FAILED", "consumer_group": "shipping"}}
     dry = client.post(f"{MESSAGES}bulk/retry/", {**body, "dry_run": True}, format="json").json()
     assert dry["matched"] == 2
-    done = client.post(f"{MESSAGES}bulk/retry/", body, format="json").json()
+    done = client.post(
+        f"{MESSAGES}bulk/retry/", {**body, "reason": "shipping fixed"}, format="json"
+    ).json()
     assert done["changed"] == 2
     assert InboxMessage.objects.filter(status="FAILED").count() == 1
 
@@ -523,7 +528,7 @@ def test_inbox_bulk_dry_run_and_run(operator, make_message):
 def test_inbox_bulk_discard_by_filter_touches_only_failed_rows(operator, make_message):
     failed = [make_message(InboxMessage.Status.FAILED, group="shipping") for _ in range(2)]
     done = make_message(InboxMessage.Status.DONE, group="shipping")
-    body = {"filter": {"consumer_group": "shipping"}}
+    body = {"filter": {"consumer_group": "shipping"}, "reason": "obsolete"}
     result = client_for(operator).post(f"{MESSAGES}bulk/discard/", body, format="json").json()
     assert (result["matched"], result["changed"]) == (3, 2)
     discarded = InboxMessage.objects.filter(discarded_at__isnull=False)
@@ -581,19 +586,21 @@ def test_users_without_staff_still_need_permissions(db):
     assert client_for(user).get(MESSAGES).status_code == 403
 
 
+# A bulk action's reason, required of every one that changes rows.
+WHY = {"reason": "incident 42"}
 # Every action endpoint: (url of the row or the collection, the permission it needs, the row
 # it acts on, the body). Refused anonymously, 403 with every permission but its own, 200 with it.
 ACTION_MATRIX = [
-    ("outbox-bulk-retry", "outbox.retry_outboxevent", {"filter": {"status": "FAILED"}}),
-    ("outbox-bulk-discard", "outbox.discard_outboxevent", {"filter": {"status": "FAILED"}}),
-    ("outbox-bulk-replay", "outbox.replay_outboxevent", {"filter": {"status": "DONE"}}),
+    ("outbox-bulk-retry", "outbox.retry_outboxevent", {"filter": {"status": "FAILED"}, **WHY}),
+    ("outbox-bulk-discard", "outbox.discard_outboxevent", {"filter": {"status": "FAILED"}, **WHY}),
+    ("outbox-bulk-replay", "outbox.replay_outboxevent", {"filter": {"status": "DONE"}, **WHY}),
     ("outbox-key-release", "outbox.release_outboxkey", {"topic": "console.orders"}),
     ("inbox-retry", "inbox.retry_inboxmessage", {}),
     ("inbox-replay", "inbox.replay_inboxmessage", {}),
     ("inbox-discard", "inbox.discard_inboxmessage", {}),
-    ("inbox-bulk-retry", "inbox.retry_inboxmessage", {"filter": {"status": "FAILED"}}),
-    ("inbox-bulk-replay", "inbox.replay_inboxmessage", {"filter": {"status": "FAILED"}}),
-    ("inbox-bulk-discard", "inbox.discard_inboxmessage", {"filter": {"status": "FAILED"}}),
+    ("inbox-bulk-retry", "inbox.retry_inboxmessage", {"filter": {"status": "FAILED"}, **WHY}),
+    ("inbox-bulk-replay", "inbox.replay_inboxmessage", {"filter": {"status": "FAILED"}, **WHY}),
+    ("inbox-bulk-discard", "inbox.discard_inboxmessage", {"filter": {"status": "FAILED"}, **WHY}),
 ]
 
 

@@ -252,7 +252,7 @@ def test_a_bulk_request_names_its_rows_by_ids_or_by_filter_not_both(path: str, m
     row_id = "7" if path.startswith("/api/inbox/") else "e3e70682-c209-4cac-a29f-6fbed82c07cd"
     ids = [int(row_id)] if row_id.isdigit() else [row_id]
     assert validator.is_valid({"ids": ids, "dry_run": True})
-    assert validator.is_valid({"filter": {"status": "FAILED"}, "note": "after the outage"})
+    assert validator.is_valid({"filter": {"status": "FAILED"}, "reason": "after the outage"})
     assert not validator.is_valid({"ids": ids, "filter": {"status": "FAILED"}})
     assert not validator.is_valid({"dry_run": True})
     assert not validator.is_valid({"filter": {}})

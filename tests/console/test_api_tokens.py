@@ -206,30 +206,48 @@ ACTION_REQUESTS = [
     ),
     (
         "outbox bulk retry",
-        lambda failed, done, message: (f"{EVENTS}bulk/retry/", {"ids": [str(failed.pk)]}),
+        lambda failed, done, message: (
+            f"{EVENTS}bulk/retry/",
+            {"ids": [str(failed.pk)], "reason": "why"},
+        ),
     ),
     (
         "outbox bulk discard",
-        lambda failed, done, message: (f"{EVENTS}bulk/discard/", {"ids": [str(failed.pk)]}),
+        lambda failed, done, message: (
+            f"{EVENTS}bulk/discard/",
+            {"ids": [str(failed.pk)], "reason": "why"},
+        ),
     ),
     (
         "outbox bulk replay",
-        lambda failed, done, message: (f"{EVENTS}bulk/replay/", {"filter": {"status": "DONE"}}),
+        lambda failed, done, message: (
+            f"{EVENTS}bulk/replay/",
+            {"filter": {"status": "DONE"}, "reason": "why"},
+        ),
     ),
     ("inbox retry", lambda failed, done, message: (f"{MESSAGES}{message.pk}/retry/", {})),
     ("inbox discard", lambda failed, done, message: (f"{MESSAGES}{message.pk}/discard/", {})),
     ("inbox replay", lambda failed, done, message: (f"{MESSAGES}{message.pk}/replay/", {})),
     (
         "inbox bulk retry",
-        lambda failed, done, message: (f"{MESSAGES}bulk/retry/", {"ids": [message.pk]}),
+        lambda failed, done, message: (
+            f"{MESSAGES}bulk/retry/",
+            {"ids": [message.pk], "reason": "why"},
+        ),
     ),
     (
         "inbox bulk discard",
-        lambda failed, done, message: (f"{MESSAGES}bulk/discard/", {"ids": [message.pk]}),
+        lambda failed, done, message: (
+            f"{MESSAGES}bulk/discard/",
+            {"ids": [message.pk], "reason": "why"},
+        ),
     ),
     (
         "inbox bulk replay",
-        lambda failed, done, message: (f"{MESSAGES}bulk/replay/", {"filter": {"status": "FAILED"}}),
+        lambda failed, done, message: (
+            f"{MESSAGES}bulk/replay/",
+            {"filter": {"status": "FAILED"}, "reason": "why"},
+        ),
     ),
 ]
 
@@ -270,7 +288,9 @@ def test_a_token_scoped_to_outbox_retry_retries_but_cannot_discard(operator, mak
     assert response.status_code == 200, response.json()
     assert response.json()["status"] == "PENDING"
     bulk = make_event(OutboxEvent.Status.FAILED)
-    response = client.post(f"{EVENTS}bulk/retry/", {"ids": [str(bulk.pk)]}, format="json")
+    response = client.post(
+        f"{EVENTS}bulk/retry/", {"ids": [str(bulk.pk)], "reason": "why"}, format="json"
+    )
     assert (response.status_code, response.json()["changed"]) == (200, 1)
     assert OperatorAction.objects.filter(action=Action.OUTBOX_RETRY).count() == 2
 
@@ -278,7 +298,7 @@ def test_a_token_scoped_to_outbox_retry_retries_but_cannot_discard(operator, mak
     before = rows_snapshot()
     for url, body in (
         (f"{EVENTS}{kept.pk}/discard/", {}),
-        (f"{EVENTS}bulk/discard/", {"ids": [str(kept.pk)]}),
+        (f"{EVENTS}bulk/discard/", {"ids": [str(kept.pk)], "reason": "why"}),
         (f"{EVENTS}{kept.pk}/replay/", {}),
     ):
         response = client.post(url, body, format="json")
@@ -295,7 +315,7 @@ def test_a_token_with_all_actions_of_a_viewer_cannot_retry(viewer, make_event):
     before = rows_snapshot()
     for url, body in (
         (f"{EVENTS}{event.pk}/retry/", {}),
-        (f"{EVENTS}bulk/retry/", {"ids": [str(event.pk)]}),
+        (f"{EVENTS}bulk/retry/", {"ids": [str(event.pk)], "reason": "why"}),
     ):
         response = client.post(url, body, format="json")
         assert response.status_code == 403

@@ -36,7 +36,7 @@ from django_celery_beat.models import (
 )
 
 from console.audit import operator_action_record
-from console.models import OperatorAction
+from console.models import BulkOperation, OperatorAction
 from console.tokens import api_token_create
 from inbox.models import InboxMessage
 from outbox.models import OutboxEvent
@@ -51,11 +51,12 @@ TOPIC = "console.orders"
 CSRF_REFUSAL = "CSRF verification failed"
 
 # What a forged form would post: enough for each of the console's forms to act if the request
-# got through (a confirmation's "post", a held key's coordinates, a bulk action's filter, a
-# new user's or group's fields).
+# got through (a confirmation's "post", a held key's coordinates, a bulk action's filter and
+# reason, a new user's or group's fields).
 FORGED_FIELDS = {
     "post": "yes",
     "note": "forged",
+    "reason": "forged",
     "action": "inbox.retry_sequence",
     "consumer_group": GROUP,
     "topic": TOPIC,
@@ -171,13 +172,15 @@ def rows(superuser, make_event, make_message) -> dict[type[Model], Model]:
     )
     make_message(InboxMessage.Status.DONE)
     result_run(since=timezone.now().replace(minute=0, second=0, microsecond=0) - timedelta(hours=3))
-    operator_action_record(
+    entry = operator_action_record(
         user=superuser,
         action=OperatorAction.Action.OUTBOX_RETRY,
-        model="outbox.outboxevent",
+        model="outbox.OutboxEvent",
         source=OperatorAction.Source.ADMIN,
         requested=1,
     )
+    # A bulk operation still queued, which a cancel would end.
+    BulkOperation.objects.create(audit=entry, chunks_total=2)
     login = {
         "user_agent": "browser",
         "ip_address": "198.51.100.7",

@@ -67,12 +67,12 @@ def test_retrying_a_group_confirms_its_count_and_retries_it_alone(operator, fail
     confirmation = client.get(f"{EVENTS}retry-matching/?{query}").content.decode()
     assert ">3<" in confirmation.replace(" ", "")
     response = client.post(
-        f"{EVENTS}retry-matching/", {"_changelist_filters": query, "note": "broker limit raised"}
+        f"{EVENTS}retry-matching/", {"_changelist_filters": query, "reason": "broker limit raised"}
     )
     assert response.status_code == 302
     entry = OperatorAction.objects.get()
     assert (entry.action, entry.requested, entry.changed) == ("outbox.retry", 3, 3)
-    assert entry.note == "broker limit raised"
+    assert entry.reason == "broker limit raised"
     assert entry.filters["error_class"] == ["MSG_SIZE_TOO_LARGE"]
 
     def status(event: OutboxEvent) -> str:
@@ -108,7 +108,9 @@ def test_discarding_an_inbox_group_discards_that_group_alone(make_message, make_
     query = (
         "status__exact=FAILED&error_class=ValueError&topic=console.orders&consumer_group=billing"
     )
-    response = client.post(f"{MESSAGES}discard-matching/", {"_changelist_filters": query})
+    response = client.post(
+        f"{MESSAGES}discard-matching/", {"_changelist_filters": query, "reason": "stale orders"}
+    )
     assert response.status_code == 302
     entry = OperatorAction.objects.get()
     assert (entry.action, entry.requested, entry.changed) == ("inbox.discard", 2, 2)
@@ -131,7 +133,10 @@ def test_a_viewer_sees_the_groups_but_may_not_act_on_them(viewer, failed_events)
     assert "Discard this group" not in page
     query = "status__exact=FAILED&error_class=MSG_TIMED_OUT&topic=orders.a"
     assert (
-        client.post(f"{EVENTS}discard-matching/", {"_changelist_filters": query}).status_code == 403
+        client.post(
+            f"{EVENTS}discard-matching/", {"_changelist_filters": query, "reason": "tidy"}
+        ).status_code
+        == 403
     )
     assert not OperatorAction.objects.exists()
 

@@ -270,7 +270,9 @@ def test_api_bulk_actions_by_filter_select_by_the_delivery(operator, log_relay_e
     ).json()
     assert dry["matched"] == 2  # the spent head and the discarded event
     result = client.post(
-        f"{API}bulk/retry/", {"filter": {"status": "FAILED", "discarded": "false"}}, format="json"
+        f"{API}bulk/retry/",
+        {"filter": {"status": "FAILED", "discarded": "false"}, "reason": "relay fixed"},
+        format="json",
     ).json()
     assert (result["matched"], result["changed"]) == (1, 1)
     assert OperatorAction.objects.get().object_ids == [str(log_relay_events["failed"].pk)]
@@ -420,7 +422,9 @@ def test_admin_retry_and_discard_act_on_held_events(operator, log_relay_events):
 
     OutboxHeldEvent.objects.filter(event_id=failed.pk).update(attempts=2, next_attempt_at=None)
     response = client.post(
-        ADMIN, {"action": "discard_selected", "_selected_action": [str(failed.pk)]}, follow=True
+        ADMIN,
+        {"action": "discard_selected", "_selected_action": [str(failed.pk)], "reason": "spent"},
+        follow=True,
     )
     assert "Discard: 1 of 1 selected" in response.content.decode()
     assert not OutboxHeldEvent.objects.filter(event_id=failed.pk).exists()
@@ -438,7 +442,8 @@ def test_admin_retry_matching_selects_by_the_delivery(operator, log_relay_events
     confirm = client.get(f"{ADMIN}retry-matching/", {"status__exact": "FAILED"})
     assert confirm.context["count"] == 2
     response = client.post(
-        f"{ADMIN}retry-matching/", {"_changelist_filters": "status__exact=FAILED"}
+        f"{ADMIN}retry-matching/",
+        {"_changelist_filters": "status__exact=FAILED", "reason": "relay fixed"},
     )
     assert response.status_code == 302
     entry = OperatorAction.objects.get()

@@ -23,8 +23,8 @@ from django.utils import timezone
 
 import outbox
 from analytics.models import ReconciliationFinding
+from console.bulk_operations import bulk_action_run
 from console.models import OperatorAction
-from console.operations import bulk_action_run
 from inbox import handler
 from inbox.models import InboxMessage
 from inbox.records import parse_record
@@ -242,7 +242,11 @@ def test_the_console_works_under_its_policy(live_server, browser, superuser, set
     _consume([head, parked], settings=settings)
     message = InboxMessage.objects.get(event_id=head.event_id)
     audit = bulk_action_run(
-        user=superuser, action=OperatorAction.Action.OUTBOX_RETRY, source="admin", ids=[failed.pk]
+        user=superuser,
+        action=OperatorAction.Action.OUTBOX_RETRY,
+        source="admin",
+        ids=[failed.pk],
+        reason="walk the pages",
     )
     hour = timezone.now().replace(minute=0, second=0, microsecond=0)
     run = result_run(since=hour - timedelta(hours=3))
@@ -363,7 +367,7 @@ def _hostile_rows(superuser: User, settings: Any) -> dict[str, Any]:
         source="admin",
         ids=[published.pk],
         filters={"q": [OUTBOX_KEY], "event_type__exact": [TEMPLATE]},
-        note=NOTE,
+        reason=NOTE,
     )
     run = result_run(since=timezone.now().replace(minute=0, second=0, microsecond=0))
     ReconciliationFinding.objects.create(

@@ -24,8 +24,8 @@ from console.api.pagination import ConsoleCursorPagination
 from console.api.permissions import view_permission
 from console.api.serializers import (
     ActionInputSerializer,
-    BulkResultSerializer,
     bulk_request_schema,
+    bulk_results_schema,
 )
 from console.models import OperatorAction
 from console.operations import inbox_key_action, inbox_message_action
@@ -38,6 +38,7 @@ RETRY = [InboxMessagePermission.RETRY]
 REPLAY = [InboxMessagePermission.REPLAY]
 DISCARD = [InboxMessagePermission.DISCARD]
 ACTIONS = {"retry", "replay", "discard", "bulk_retry", "bulk_replay", "bulk_discard"}
+BULK_RESULTS = bulk_results_schema()
 BULK_REQUEST = bulk_request_schema(
     name="InboxBulk", serializer_class=InboxBulkInputSerializer, filterset_class=InboxMessageFilter
 )
@@ -120,29 +121,27 @@ class InboxMessageViewSet(viewsets.ReadOnlyModelViewSet):
     def _bulk(self, request: Request, action_name: str) -> Response:
         serializer = InboxBulkInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        return Response(
-            bulk_response(
-                request=request,
-                action=action_name,
-                data=dict(serializer.validated_data),
-                filterset_class=InboxMessageFilter,
-                queryset=InboxMessage.objects.all(),
-            )
+        return bulk_response(
+            request=request,
+            action=action_name,
+            data=dict(serializer.validated_data),
+            filterset_class=InboxMessageFilter,
+            queryset=InboxMessage.objects.all(),
         )
 
-    @extend_schema(request=BULK_REQUEST, responses=BulkResultSerializer)
+    @extend_schema(request=BULK_REQUEST, responses=BULK_RESULTS)
     @action(detail=False, methods=["post"], url_path="bulk/retry")
     def bulk_retry(self, request: Request) -> Response:
         """Retries the messages named by ids or by filter; dry_run only counts them."""
         return self._bulk(request, Action.INBOX_RETRY)
 
-    @extend_schema(request=BULK_REQUEST, responses=BulkResultSerializer)
+    @extend_schema(request=BULK_REQUEST, responses=BULK_RESULTS)
     @action(detail=False, methods=["post"], url_path="bulk/replay")
     def bulk_replay(self, request: Request) -> Response:
         """Replays the FAILED messages named by ids or by filter; dry_run only counts them."""
         return self._bulk(request, Action.INBOX_REPLAY)
 
-    @extend_schema(request=BULK_REQUEST, responses=BulkResultSerializer)
+    @extend_schema(request=BULK_REQUEST, responses=BULK_RESULTS)
     @action(detail=False, methods=["post"], url_path="bulk/discard")
     def bulk_discard(self, request: Request) -> Response:
         """Discards the FAILED messages named by ids or by filter; dry_run only counts them."""

@@ -26,8 +26,8 @@ from console.api.pagination import ConsoleCursorPagination
 from console.api.permissions import view_permission
 from console.api.serializers import (
     ActionInputSerializer,
-    BulkResultSerializer,
     bulk_request_schema,
+    bulk_results_schema,
 )
 from console.models import OperatorAction
 from console.operations import outbox_event_action, outbox_key_release_action
@@ -40,6 +40,7 @@ RETRY = [OutboxEventPermission.RETRY]
 DISCARD = [OutboxEventPermission.DISCARD]
 REPLAY = [OutboxEventPermission.REPLAY]
 ACTIONS = {"retry", "discard", "replay", "bulk_retry", "bulk_discard", "bulk_replay", "release"}
+BULK_RESULTS = bulk_results_schema()
 BULK_REQUEST = bulk_request_schema(
     name="OutboxBulk",
     serializer_class=OutboxBulkInputSerializer,
@@ -162,23 +163,21 @@ class OutboxEventViewSet(viewsets.ReadOnlyModelViewSet):
         return self._single(request, name, data["note"])
 
     def _bulk(self, request: Request, action_name: str, data: dict[str, Any]) -> Response:
-        return Response(
-            bulk_response(
-                request=request,
-                action=action_name,
-                data=data,
-                filterset_class=OutboxEventFilter,
-                queryset=outbox_events_with_delivery(OutboxEvent.objects.all()),
-            )
+        return bulk_response(
+            request=request,
+            action=action_name,
+            data=data,
+            filterset_class=OutboxEventFilter,
+            queryset=outbox_events_with_delivery(OutboxEvent.objects.all()),
         )
 
-    @extend_schema(request=BULK_REQUEST, responses=BulkResultSerializer)
+    @extend_schema(request=BULK_REQUEST, responses=BULK_RESULTS)
     @action(detail=False, methods=["post"], url_path="bulk/retry")
     def bulk_retry(self, request: Request) -> Response:
         """Retries the events named by ids or by filter; dry_run only counts them."""
         return self._bulk(request, Action.OUTBOX_RETRY, _valid(OutboxBulkInputSerializer, request))
 
-    @extend_schema(request=BULK_REQUEST, responses=BulkResultSerializer)
+    @extend_schema(request=BULK_REQUEST, responses=BULK_RESULTS)
     @action(detail=False, methods=["post"], url_path="bulk/discard")
     def bulk_discard(self, request: Request) -> Response:
         """Discards the FAILED events named by ids or by filter; dry_run only counts them."""
@@ -186,7 +185,7 @@ class OutboxEventViewSet(viewsets.ReadOnlyModelViewSet):
             request, Action.OUTBOX_DISCARD, _valid(OutboxBulkInputSerializer, request)
         )
 
-    @extend_schema(request=BULK_REPLAY_REQUEST, responses=BulkResultSerializer)
+    @extend_schema(request=BULK_REPLAY_REQUEST, responses=BULK_RESULTS)
     @action(detail=False, methods=["post"], url_path="bulk/replay")
     def bulk_replay(self, request: Request) -> Response:
         """Replays the DONE or discarded events named by ids or by filter."""

@@ -1,0 +1,330 @@
+"""console/bulk_operations.py and its pages: a bulk action needs a reason, a large one runs
+as an operation in chunks under the rate cap, shows its progress and can be cancelled between
+two chunks, in the admin and in the API."""
+
+from typing import Any
+
+import pytest
+from django.core.checks import run_checks
+from django.test import Client
+
+from console.bulk_operations import bulk_action_run, bulk_operation_cancel, bulk_operation_run
+from console.models import BulkOperation, BulkOperationChunk, OperatorAction
+from console.operations import ACTIONS, ActionSpec, ReasonRequired
+from outbox.models import OutboxEvent
+from outbox.selectors import outbox_events_with_delivery
+from tests.console.conftest import VIEW_PERMISSIONS, client_for
+
+pytestmark = pytest.mark.django_db
+
+Action = OperatorAction.Action
+Status = BulkOperation.Status
+EVENTS_API = "/api/outbox/events/"
+EVENTS_ADMIN = "/admin/outbox/outboxevent/"
+
+
+def logged_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def failed_in_topic(topic: str) -> int:
+    events = outbox_events_with_delivery(OutboxEvent.objects.filter(topic=topic))
+    return events.filter(delivery_status="FAILED", delivery_discarded_at__isnull=True).count()
+
+
+@pytest.fixture
+def five_failed(make_event, settings) -> list[OutboxEvent]:
+    settings.CONSOLE_BULK_CHUNK_SIZE = 2  # 5 rows: 3 chunks
+    return [make_event(OutboxEvent.Status.FAILED, topic="bulk.orders") for _ in range(5)]
+
+
+def queued_retry(operator, events) -> BulkOperation:
+    """A retry of `events` submitted and not yet picked up by a worker (pytest-django's
+    transaction never commits, so the task is not sent)."""
+    record = bulk_action_run(
+        user=operator,
+        action=Action.OUTBOX_RETRY,
+        source="api",
+        reason="broker quota raised",
+        ids=[event.pk for event in events],
+    )
+    return record.bulk_operation
+
+
+class FakeClock:
+    """time.monotonic and time.sleep of a run, without waiting: sleeping advances the clock."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(round(seconds, 6))
+        self.now += seconds
+
+
+# --- the reason --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body", [{}, {"reason": ""}, {"reason": "   "}])
+def test_the_api_refuses_a_bulk_action_without_a_reason(operator, five_failed, body):
+    response = client_for(operator).post(
+        f"{EVENTS_API}bulk/retry/", {"filter": {"topic": "bulk.orders"}, **body}, format="json"
+    )
+    assert response.status_code == 400
+    assert response.json()["code"] == "reason_required"
+    assert failed_in_topic("bulk.orders") == 5
+    assert not OperatorAction.objects.exists()
+    assert not BulkOperation.objects.exists()
+
+
+def test_a_dry_run_needs_no_reason(operator, five_failed):
+    response = client_for(operator).post(
+        f"{EVENTS_API}bulk/retry/",
+        {"filter": {"topic": "bulk.orders"}, "dry_run": True},
+        format="json",
+    )
+    assert (response.status_code, response.json()["matched"]) == (200, 5)
+
+
+def test_the_admin_asks_again_for_a_blank_reason(operator, five_failed):
+    response = logged_in(operator).post(
+        f"{EVENTS_ADMIN}retry-matching/",
+        {"_changelist_filters": "topic=bulk.orders", "reason": "  "},
+    )
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert 'id="reason-error"' in page
+    assert "needs a reason" in page
+    assert failed_in_topic("bulk.orders") == 5
+    assert not OperatorAction.objects.exists()
+
+
+def test_an_admin_list_action_asks_for_the_reason_first(operator, make_event):
+    events = [make_event(OutboxEvent.Status.FAILED, topic="bulk.orders") for _ in range(2)]
+    client = logged_in(operator)
+    selection = {"action": "retry_selected", "_selected_action": [str(e.pk) for e in events]}
+    confirm = client.post(EVENTS_ADMIN, selection)
+    assert confirm.status_code == 200
+    assert 'id="confirm-selected"' in confirm.content.decode()
+    assert failed_in_topic("bulk.orders") == 2
+    assert not OperatorAction.objects.exists()
+    done = client.post(EVENTS_ADMIN, {**selection, "reason": "INC-7"}, follow=True)
+    assert "Retry: 2 of 2 selected" in done.content.decode()
+    assert failed_in_topic("bulk.orders") == 0
+    assert OperatorAction.objects.get().reason == "INC-7"
+
+
+def test_a_small_set_runs_at_once_and_is_recorded_as_a_finished_operation(operator, make_event):
+    event = make_event(OutboxEvent.Status.FAILED)
+    response = client_for(operator).post(
+        f"{EVENTS_API}bulk/retry/", {"ids": [str(event.pk)], "reason": "one"}, format="json"
+    )
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["changed"], body["status"], body["queued_chunks"]) == (1, "DONE", 0)
+    operation = BulkOperation.objects.get(pk=body["operation_id"])
+    assert (operation.chunks_done, operation.rows_changed) == (1, 1)
+    assert operation.audit.reason == "one"
+
+
+# --- chunks, progress and the rate cap ------------------------------------------------------
+
+
+def test_a_large_set_is_accepted_with_its_operations_url_and_runs_in_chunks(
+    operator, five_failed, django_capture_on_commit_callbacks
+):
+    client = client_for(operator)
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        response = client.post(
+            f"{EVENTS_API}bulk/retry/",
+            {"filter": {"topic": "bulk.orders"}, "reason": "broker quota raised"},
+            format="json",
+        )
+    assert response.status_code == 202, response.json()
+    body = response.json()
+    assert (body["status"], body["queued_chunks"], body["changed"]) == ("QUEUED", 3, None)
+    assert response["Location"] == body["operation_url"]
+    assert body["operation_url"].endswith(f"/api/bulk-operations/{body['operation_id']}/")
+    progress = client.get(body["operation_url"]).json()
+    assert (progress["status"], progress["chunks_done"], progress["chunks_total"]) == (
+        "QUEUED",
+        0,
+        3,
+    )
+    assert progress["reason"] == "broker quota raised"
+    assert progress["rows_requested"] == 5
+    for callback in callbacks:  # the commit sends the task; Celery runs it eagerly in tests
+        callback()
+    progress = client.get(body["operation_url"]).json()
+    assert (progress["status"], progress["chunks_done"], progress["rows_done"]) == ("DONE", 3, 5)
+    assert progress["rows_changed"] == 5
+    assert progress["started_at"]
+    assert progress["finished_at"]
+    assert failed_in_topic("bulk.orders") == 0
+    assert not BulkOperationChunk.objects.exists()
+    entry = OperatorAction.objects.get(pk=body["audit_id"])
+    assert (entry.changed, entry.chunks_pending, entry.reason) == (5, 0, "broker quota raised")
+
+
+def test_the_run_pauses_between_chunks_to_keep_under_the_rate_cap(operator, five_failed, settings):
+    settings.CONSOLE_BULK_MAX_ROWS_PER_SECOND = 4
+    operation = queued_retry(operator, five_failed)
+    clock = FakeClock()
+    bulk_operation_run(operation_id=operation.pk, sleep=clock.sleep, clock=clock)
+    # 2 rows: 0.5 s; 4 rows by 1.0 s; 5 rows by 1.25 s (chunks take no time on this clock).
+    assert clock.sleeps == [0.5, 0.5, 0.25]
+    operation.refresh_from_db()
+    assert (operation.status, operation.rows_done) == (Status.DONE, 5)
+
+
+def test_no_rate_cap_runs_the_chunks_back_to_back(operator, five_failed, settings):
+    settings.CONSOLE_BULK_MAX_ROWS_PER_SECOND = 0
+    operation = queued_retry(operator, five_failed)
+    clock = FakeClock()
+    bulk_operation_run(operation_id=operation.pk, sleep=clock.sleep, clock=clock)
+    assert clock.sleeps == []
+    operation.refresh_from_db()
+    assert operation.status == Status.DONE
+
+
+def test_progress_is_counted_chunk_by_chunk(operator, five_failed, settings):
+    settings.CONSOLE_BULK_MAX_ROWS_PER_SECOND = 1
+    operation = queued_retry(operator, five_failed)
+    seen: list[tuple[str, int, int, int]] = []
+
+    def look(seconds: float) -> None:  # what a progress page would read during the pause
+        row = BulkOperation.objects.get(pk=operation.pk)
+        seen.append((row.status, row.chunks_done, row.rows_done, row.rows_changed))
+
+    bulk_operation_run(operation_id=operation.pk, sleep=look)
+    assert seen == [("RUNNING", 1, 2, 2), ("RUNNING", 2, 4, 4), ("RUNNING", 3, 5, 5)]
+
+
+def test_a_chunk_that_fails_marks_the_operation_failed_and_keeps_what_ran(
+    operator, five_failed, monkeypatch
+):
+    operation = queued_retry(operator, five_failed)
+    real = ACTIONS[Action.OUTBOX_RETRY]
+    calls: list[int] = []
+
+    def apply(ids: Any) -> int:
+        calls.append(len(ids))
+        if len(calls) == 2:
+            raise ValueError("the handler registry is empty")
+        return real.apply(ids)
+
+    monkeypatch.setitem(
+        ACTIONS, Action.OUTBOX_RETRY, ActionSpec(real.model, real.permission, apply)
+    )
+    bulk_operation_run(operation_id=operation.pk, sleep=lambda seconds: None)
+    operation.refresh_from_db()
+    assert operation.status == Status.FAILED
+    assert operation.error == "ValueError: the handler registry is empty"
+    assert (operation.chunks_done, operation.rows_changed) == (1, 2)
+    assert failed_in_topic("bulk.orders") == 3
+
+
+# --- cancel ------------------------------------------------------------------------------------
+
+
+def test_a_cancel_during_the_run_stops_it_before_the_next_chunk(operator, five_failed, settings):
+    settings.CONSOLE_BULK_MAX_ROWS_PER_SECOND = 1  # a pause after every chunk
+    operation = queued_retry(operator, five_failed)
+
+    def operator_clicks_cancel(seconds: float) -> None:
+        bulk_operation_cancel(
+            user=operator, operation=operation, source="admin", note="wrong topic"
+        )
+
+    bulk_operation_run(operation_id=operation.pk, sleep=operator_clicks_cancel)
+    operation.refresh_from_db()
+    assert operation.status == Status.CANCELLED
+    assert (operation.chunks_done, operation.rows_done, operation.rows_changed) == (1, 2, 2)
+    assert operation.cancelled_by == "operator"
+    # The first chunk stays applied; the other three rows were never touched.
+    assert failed_in_topic("bulk.orders") == 3
+    assert not BulkOperationChunk.objects.exists()
+    assert operation.audit.chunks_pending == 0
+    cancel = OperatorAction.objects.get(action=Action.BULK_CANCEL)
+    assert (cancel.object_ids, cancel.note) == ([str(operation.pk)], "wrong topic")
+
+
+def test_the_api_cancels_a_queued_operation_at_once_and_then_refuses(operator, five_failed):
+    operation = queued_retry(operator, five_failed)
+    client = client_for(operator)
+    url = f"/api/bulk-operations/{operation.pk}/"
+    response = client.post(f"{url}cancel/", {"note": "not now"}, format="json")
+    assert response.status_code == 200, response.json()
+    assert (response.json()["status"], response.json()["cancelled_by"]) == ("CANCELLED", "operator")
+    # A worker that gets the task afterwards does nothing.
+    bulk_operation_run(operation_id=operation.pk, sleep=lambda seconds: None)
+    assert failed_in_topic("bulk.orders") == 5
+    assert client.get(url).json()["chunks_done"] == 0
+    again = client.post(f"{url}cancel/", {}, format="json")
+    assert again.status_code == 409
+    assert again.json()["code"] == "operation_finished"
+
+
+def test_the_admin_progress_page_offers_the_cancel_and_cancels(operator, five_failed):
+    operation = queued_retry(operator, five_failed)
+    client = logged_in(operator)
+    page = client.get(f"/admin/console/bulkoperation/{operation.pk}/change/").content.decode()
+    assert 'id="cancel-bulk"' in page
+    assert "broker quota raised" in page
+    response = client.post(f"/admin/console/bulkoperation/{operation.pk}/cancel/", follow=True)
+    assert "cancelled." in response.content.decode()
+    operation.refresh_from_db()
+    assert operation.status == Status.CANCELLED
+
+
+def test_reading_needs_the_models_view_permission_and_cancelling_its_action(
+    make_user, operator, five_failed
+):
+    operation = queued_retry(operator, five_failed)
+    url = f"/api/bulk-operations/{operation.pk}/"
+    nobody = client_for(make_user("inbox.view_inboxmessage"))
+    assert nobody.get(url).status_code == 403
+    viewer = client_for(make_user(*VIEW_PERMISSIONS))
+    assert viewer.get(url).status_code == 200
+    refused = viewer.post(f"{url}cancel/", {}, format="json")
+    assert (refused.status_code, refused.json()["code"]) == (403, "permission_denied")
+    assert client_for(make_user()).get("/api/bulk-operations/abc/").status_code == 404
+    operation.refresh_from_db()
+    assert operation.status == Status.QUEUED
+    admin_viewer = logged_in(make_user(*VIEW_PERMISSIONS))
+    page = admin_viewer.get(f"/admin/console/bulkoperation/{operation.pk}/change/")
+    assert 'id="cancel-bulk"' not in page.content.decode()
+    assert admin_viewer.post(
+        f"/admin/console/bulkoperation/{operation.pk}/cancel/"
+    ).status_code in (
+        302,
+        403,
+    )
+    operation.refresh_from_db()
+    assert operation.status == Status.QUEUED
+
+
+def test_the_service_refuses_a_blank_reason(operator, make_event):
+    with pytest.raises(ReasonRequired):
+        bulk_action_run(user=operator, action=Action.OUTBOX_RETRY, source="api", reason=" ", ids=[])
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("CONSOLE_BULK_CHUNK_SIZE", 0),
+        ("CONSOLE_BULK_MAX_ROWS", -1),
+        ("CONSOLE_BULK_MAX_ROWS_PER_SECOND", -5),
+        ("CONSOLE_BULK_MAX_ROWS_PER_SECOND", "fast"),
+    ],
+)
+def test_a_bulk_setting_out_of_range_is_a_system_check_error(settings, name, value):
+    settings.__setattr__(name, value)
+    errors = [message for message in run_checks() if message.id == "console.E003"]
+    assert [name in error.msg for error in errors] == [True]
