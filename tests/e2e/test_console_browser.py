@@ -70,6 +70,12 @@ def test_an_operator_retries_failed_events_from_the_browser(
     browser.find_element(By.ID, "action-toggle").click()
     Select(browser.find_element(By.NAME, "action")).select_by_value("retry_selected")
     browser.find_element(By.CSS_SELECTOR, "button[name=index]").click()
+    # A bulk action asks for its reason first.
+    reason = WebDriverWait(browser, 10).until(
+        expected_conditions.presence_of_element_located((By.NAME, "reason"))
+    )
+    reason.send_keys("The size limit was raised")
+    browser.find_element(By.ID, "confirm-selected").click()
     # Read the page the action's POST leads to, not the list still shown while it loads (its
     # body goes stale under a loaded machine): wait until the message is there.
     WebDriverWait(browser, 10).until(
@@ -90,3 +96,4 @@ def test_an_operator_retries_failed_events_from_the_browser(
     assert events.filter(delivery_status=OutboxEvent.Status.DONE).count() == 3
     entry = OperatorAction.objects.get()
     assert (entry.username, entry.action, entry.changed) == ("admin", "outbox.retry", 3)
+    assert entry.reason == "The size limit was raised"
