@@ -150,7 +150,7 @@ def registry_with(
 def empty_inbox() -> None:
     # Each run on an empty table: a later run must not pay for the earlier rows.
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE inbox_message")
+        cursor.execute("TRUNCATE inbox_message, inbox_attempt")
 
 
 @dataclass

@@ -25,6 +25,7 @@ from inbox.metrics import BATCH_SECONDS
 from inbox.records import parse_record
 from inbox.registry import HandlerRegistry, get_registry
 from inbox.selectors import consumer_offsets_for
+from inbox.services.attempts import attempt_member
 from inbox.services.recording import BatchResult, inbox_message_record_batch
 
 logger = logging.getLogger(__name__)
@@ -206,6 +207,7 @@ class InboxConsumer:
                 registry=self.registry,
                 exactly_once=self.exactly_once,
                 deadline=started + inbox_settings.BATCH_MAX_SECONDS,
+                member=self._member(),
             )
             fault_point(BEFORE_DB_COMMIT)
         fault_point(AFTER_DB_COMMIT)
@@ -213,6 +215,11 @@ class InboxConsumer:
         result.record_metrics(self.group)
         BATCH_SECONDS.labels(self.group).observe(time.monotonic() - started)
         return result
+
+    def _member(self) -> str:
+        """Who runs this batch's handlers, for their attempt rows: the group member id the
+        coordinator gave this consumer (its client.id before it has one), at this process."""
+        return attempt_member(self.consumer.memberid() or str(self.config.get("client.id", "")))
 
     def _usable(self, message: Message) -> bool:
         error = message.error()

@@ -135,3 +135,51 @@ class ConsumerOffset(models.Model):
 
     def __str__(self) -> str:
         return f"{self.consumer_group} {self.topic}[{self.partition}] @ {self.next_offset}"
+
+
+class InboxAttempt(models.Model):
+    """One run of a message's handler: written once, in the transaction that records the
+    run's outcome on the message, never updated.
+
+    Written by the consumer (the batch's runs, in one statement) and by the retry task; a
+    message that no handler ran (a duplicate, a poison record, one parked or deferred) has
+    none. No foreign key, as for the outbox's delivery records: the consumer writes a
+    batch's messages and attempts without a check per row, and the retention deletes a
+    message's attempts with it (inbox.services.retention). Messages recorded before this
+    table existed have an attempt count and no rows."""
+
+    class Outcome(models.TextChoices):
+        # The handler returned: its effects committed with the message's DONE.
+        DONE = "DONE", "Done"
+        # The handler raised: its effects were rolled back; the message is retried later, or
+        # is FAILED once its attempts are spent.
+        FAILED = "FAILED", "Failed"
+
+    id = models.BigAutoField(primary_key=True)
+    message_id = models.BigIntegerField()
+    # When the handler started, and how long it ran (its savepoint included).
+    attempted_at = models.DateTimeField()
+    duration_ms = models.FloatField()
+    outcome = models.CharField(max_length=6, choices=Outcome.choices)
+    # The exception's module and qualified name, and the text last_error keeps (its message
+    # and the last frames of its traceback); empty for DONE.
+    error_class = models.CharField(max_length=255, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    # Who ran it: the consumer's group member id (else its client.id) and its host and
+    # process, or the retry task's host and process.
+    member = models.CharField(max_length=255)
+    # The record it ran: the delivery the consumer read, or the stored copy of the message
+    # (its first delivery) for a run of the retry task.
+    partition = models.IntegerField()
+    offset = models.BigIntegerField()
+    handler = models.CharField(max_length=255, blank=True, default="")
+
+    class Meta:
+        db_table = "inbox_attempt"
+        indexes = (
+            # A message's attempts, in order; the retention's delete of them.
+            models.Index(fields=("message_id", "id"), name="inbox_attempt_message_idx"),
+        )
+
+    def __str__(self) -> str:
+        return f"message {self.message_id} {self.outcome} at {self.attempted_at}"

@@ -27,6 +27,7 @@ from unfold.dataclasses import UnfoldAction
 from unfold.decorators import action, display
 from unfold.utils import parse_datetime_str
 
+from console.admin.attempts import ATTEMPTS_SHOWN, attempts_table, millis
 from console.admin.base import (
     DeliveryAdmin,
     ExactTextFilter,
@@ -50,8 +51,6 @@ from outbox.selectors import (
 
 Action = OperatorAction.Action
 Status = OutboxEvent.Status
-# The detail page lists at most this many delivery attempts; the API pages through them all.
-ATTEMPTS_SHOWN = 200
 
 
 class DeliveryStatusFilter(admin.SimpleListFilter):
@@ -333,7 +332,7 @@ class OutboxEventAdmin(DeliveryAdmin):
         if held is None:
             return "-"
         rows: list[tuple[str, Any]] = [
-            ("Held since", _millis(held.held_at)),
+            ("Held since", millis(held.held_at)),
             ("Next attempt", _next_attempt_text(held)),
         ]
         head = (
@@ -368,11 +367,9 @@ class OutboxEventAdmin(DeliveryAdmin):
         records = list(
             OutboxDelivery.objects.filter(event_id=event.pk).order_by("id")[: ATTEMPTS_SHOWN + 1]
         )
-        if not records:
-            return "No attempt yet."
         lines = [
             (
-                _millis(record.published_at),
+                millis(record.published_at),
                 record.outcome,
                 f"partition {record.kafka_partition}, offset {record.kafka_offset}"
                 if record.kafka_partition is not None
@@ -382,24 +379,11 @@ class OutboxEventAdmin(DeliveryAdmin):
             )
             for record in records[:ATTEMPTS_SHOWN]
         ]
-        more = (
-            format_html(
-                "<p>Only the first {} attempts are shown; the API's {} lists them all.</p>",
-                ATTEMPTS_SHOWN,
-                reverse("outbox-event-attempts", args=[event.pk]),
-            )
-            if len(records) > ATTEMPTS_SHOWN
-            else ""
-        )
-        cell = "<td style='padding:2px 12px 2px 0; vertical-align:top'>{}</td>"
-        body = format_html_join("", "<tr>" + cell * 5 + "</tr>", lines)
-        return format_html(
-            "<table class='console-attempts'><tr><th style='text-align:left'>When</th>"
-            "<th style='text-align:left'>Outcome</th><th style='text-align:left'>Placement</th>"
-            "<th style='text-align:left'>Relay</th><th style='text-align:left'>Error</th></tr>"
-            "{}</table>{}",
-            body,
-            more,
+        return attempts_table(
+            columns=("When", "Outcome", "Placement", "Relay", "Error"),
+            lines=lines,
+            more=len(records) > ATTEMPTS_SHOWN,
+            api_url=reverse("outbox-event-attempts", args=[event.pk]),
         )
 
     @display(description="Inbox rows with this event id, in every consumer group")
@@ -572,13 +556,9 @@ def _undelivered_of_key(*, topic: str, key: str) -> QuerySet:
     )
 
 
-def _millis(moment: datetime) -> str:
-    return moment.isoformat(timespec="milliseconds")
-
-
 def _next_attempt_text(held: OutboxHeldEvent) -> Any:
     if held.next_attempt_at is not None:
-        return _millis(held.next_attempt_at)
+        return millis(held.next_attempt_at)
     if held.attempts > 0:
         return f"waiting for an operator ({held.attempts} attempts spent)"
     return "after the events before it in its key"

@@ -18,8 +18,13 @@ TRACEBACK_FRAMES = 5
 LAST_ERROR_MAX_CHARS = 4000
 
 
+def error_class(error: BaseException) -> str:
+    """The exception's module and qualified name, as last_error starts."""
+    return f"{type(error).__module__}.{type(error).__qualname__}"
+
+
 def format_error(error: BaseException) -> str:
-    kind = f"{type(error).__module__}.{type(error).__qualname__}"
+    kind = error_class(error)
     frames = "".join(traceback.format_tb(error.__traceback__)[-TRACEBACK_FRAMES:])
     return f"{kind}: {error}\n{frames}"[:LAST_ERROR_MAX_CHARS]
 

@@ -19,6 +19,7 @@ from inbox.errors import ConcurrentDelivery, ImproperlyConfiguredInbox, UnknownE
 from inbox.models import InboxMessage
 from inbox.records import InboxRecord, poison_description
 from inbox.registry import Handler, HandlerRegistry, get_registry
+from inbox.services.attempts import Attempt, attempt_member, attempt_of, inbox_attempts_insert
 from inbox.services.handler_runs import _run_handler, format_error
 from inbox.services.offsets import (
     _require_atomic,
@@ -350,6 +351,8 @@ class _BatchContext:
     # Keys held (order per key): by an earlier batch's row, or by this batch's failures.
     held: set[tuple[str, str]]
     deadline: float | None
+    # The batch's handler runs, written in one statement with the batch.
+    attempts: list[Attempt] = field(default_factory=list)
 
 
 def _record_row(
@@ -410,6 +413,19 @@ def _record_row(
         error, seconds = _run_handler(row.entry, message)
         result.handler_seconds.append(seconds)
         finished = timezone.now()
+        error_text = "" if error is None else format_error(error)
+        context.attempts.append(
+            attempt_of(
+                message_id=row.pk,
+                finished=finished,
+                seconds=seconds,
+                error=error,
+                error_text=error_text,
+                partition=row.record.partition,
+                offset=row.record.offset,
+                handler=row.entry.name,
+            )
+        )
         if error is None:
             result.processed += 1
             state = (DONE, attempts + 1, None, "", finished)
@@ -421,7 +437,7 @@ def _record_row(
         else:
             result.failed += 1
             status, next_attempt_at = _failure_state(attempts=attempts + 1, now=finished)
-            state = (status, attempts + 1, next_attempt_at, format_error(error), None)
+            state = (status, attempts + 1, next_attempt_at, error_text, None)
             outcome = (Outcome.FAILED, error)
             if sequence is not None:
                 held.add(sequence)
@@ -441,6 +457,7 @@ def inbox_message_record_batch(
     deduplicate: bool | None = None,
     unknown_event_type: str | None = None,
     deadline: float | None = None,
+    member: str | None = None,
 ) -> BatchResult:
     """Records a batch of records for `group` and runs the handlers of the new ones.
 
@@ -457,6 +474,10 @@ def inbox_message_record_batch(
     each handler finished: a handler does not find its own row in the table. Raises
     ConcurrentDelivery (roll back, deliver again) if another transaction recorded one of the
     events meanwhile.
+
+    Each handler run is an attempt row (inbox.models.InboxAttempt) of `member` (the
+    consumer's, from inbox.services.attempts.attempt_member; by default the group's client.id
+    at this process), written in the same transaction, one statement for the batch.
     """
     _require_atomic()
     registry = registry if registry is not None else get_registry()
@@ -524,6 +545,9 @@ def inbox_message_record_batch(
         _insert(group=group, rows=rows, now=now)
     if updates:
         states_update(updates)
+    inbox_attempts_insert(
+        attempts=context.attempts, member=member or attempt_member(f"inbox-{group}")
+    )
     if exactly_once:
         consumer_offsets_store(group=group, next_offsets=next_offsets)
     return result

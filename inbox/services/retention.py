@@ -1,4 +1,5 @@
-"""Retention: DONE rows deleted once older than INBOX["RETENTION_DAYS"], in short batches."""
+"""Retention: DONE rows deleted once older than INBOX["RETENTION_DAYS"], in short batches,
+each with its attempt rows (inbox.models.InboxAttempt)."""
 
 import datetime as dt
 
@@ -15,8 +16,9 @@ def inbox_messages_purge_processed(
     batch_size: int | None = None,
     max_batches: int | None = None,
 ) -> int:
-    """Deletes DONE rows processed before `older_than` (default: INBOX["RETENTION_DAYS"] ago),
-    `batch_size` rows per short transaction, at most `max_batches` batches. Returns the count."""
+    """Deletes DONE rows processed before `older_than` (default: INBOX["RETENTION_DAYS"] ago)
+    and their attempts, `batch_size` rows per short transaction, at most `max_batches`
+    batches. Returns the count of rows (messages) deleted."""
     older_than = older_than or timezone.now() - dt.timedelta(days=inbox_settings.RETENTION_DAYS)
     batch_size = batch_size or inbox_settings.RETENTION_BATCH_SIZE
     max_batches = max_batches or inbox_settings.RETENTION_MAX_BATCHES
@@ -25,7 +27,8 @@ def inbox_messages_purge_processed(
         with transaction.atomic(), connection.cursor() as cursor:
             # The batch is chosen once, in a MATERIALIZED CTE: as `id IN (subquery)` the
             # planner may run the LIMIT subquery again per row of a nested loop, and a batch
-            # then deleted more than `batch_size` rows.
+            # then deleted more than `batch_size` rows. The messages' attempts go in the same
+            # statement: no attempt outlives its message.
             cursor.execute(
                 """
                 WITH batch AS MATERIALIZED (
@@ -33,12 +36,19 @@ def inbox_messages_purge_processed(
                     WHERE status = %s AND processed_at < %s
                     ORDER BY processed_at LIMIT %s
                     FOR UPDATE SKIP LOCKED
+                ), messages AS (
+                    DELETE FROM inbox_message USING batch WHERE inbox_message.id = batch.id
+                    RETURNING inbox_message.id
+                ), attempts AS (
+                    DELETE FROM inbox_attempt USING messages
+                    WHERE inbox_attempt.message_id = messages.id
                 )
-                DELETE FROM inbox_message USING batch WHERE inbox_message.id = batch.id
+                SELECT count(*) FROM messages
                 """,
                 [DONE, older_than, batch_size],
             )
-            count = cursor.rowcount
+            row = cursor.fetchone()
+            count = row[0] if row else 0
         deleted += count
         if count < batch_size:
             break

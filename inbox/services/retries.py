@@ -11,19 +11,28 @@ from inbox.conf import inbox_settings
 from inbox.errors import NoHandlerForRetry
 from inbox.models import InboxMessage
 from inbox.registry import Handler, HandlerRegistry, get_registry
+from inbox.services.attempts import Attempt, attempt_member, attempt_of, inbox_attempts_insert
 from inbox.services.handler_runs import _run_handler, format_error
 from inbox.services.recording import PENDING, _failure_state
 from inbox.services.repairs import _replayable_failed
 from inbox.tracing import Outcome, retry_span, running_in
 from kafka_events.tracing import active_tracer
 
+# Who runs the handlers of the retry task (inbox.tasks.retry_due), in its attempt rows.
+RETRY_MEMBER = "retry-task"
+
+
+def retry_member() -> str:
+    return attempt_member(RETRY_MEMBER)
+
 
 def handler_run_again(
     *, message: InboxMessage, registry: HandlerRegistry
-) -> tuple[BaseException | None, float]:
+) -> tuple[BaseException | None, float, Attempt]:
     """Runs the handler of a row from its stored payload, in a savepoint of the caller's
     transaction (which has the row locked), and sets the row's new state on `message`
-    without saving it; returns the handler's error and its time."""
+    without saving it; returns the handler's error, its time and its attempt, which the
+    caller writes (inbox_attempts_insert) in the transaction that saves the row."""
     entry = registry.get(group=message.consumer_group, event_type=message.event_type)
     error: BaseException | None
     if entry is None:
@@ -36,6 +45,7 @@ def handler_run_again(
         error, seconds = _run_traced(entry, message)
     finished = timezone.now()
     message.attempts += 1
+    error_text = "" if error is None else format_error(error)
     if error is None:
         message.status = InboxMessage.Status.DONE
         message.processed_at = finished
@@ -44,8 +54,18 @@ def handler_run_again(
     else:
         status, message.next_attempt_at = _failure_state(attempts=message.attempts, now=finished)
         message.status = InboxMessage.Status(status)
-        message.last_error = format_error(error)
-    return error, seconds
+        message.last_error = error_text
+    attempt = attempt_of(
+        message_id=message.pk,
+        finished=finished,
+        seconds=seconds,
+        error=error,
+        error_text=error_text,
+        partition=message.partition,
+        offset=message.offset,
+        handler="" if entry is None else entry.name,
+    )
+    return error, seconds, attempt
 
 
 def _run_traced(entry: Handler, message: InboxMessage) -> tuple[BaseException | None, float]:
@@ -97,10 +117,11 @@ def inbox_message_retry(
         )
         if message is None:
             return None
-        error, seconds = handler_run_again(message=message, registry=registry)
+        error, seconds, attempt = handler_run_again(message=message, registry=registry)
         message.save(
             update_fields=["status", "attempts", "next_attempt_at", "last_error", "processed_at"]
         )
+        inbox_attempts_insert(attempts=[attempt], member=retry_member())
         count_on_commit(message=message, error=error, seconds=seconds)
     return message
 

@@ -132,8 +132,9 @@ def inbox_sequence_run(
     at a head that is not due or FAILED. Commits every `chunk` rows
     (INBOX["RETRY_BATCH_SIZE"]): a run cut short leaves a PARKED row first, which the retry
     task's next pass runs on."""
+    from inbox.services.attempts import Attempt, inbox_attempts_insert
     from inbox.services.recording import states_update
-    from inbox.services.retries import count_on_commit, handler_run_again
+    from inbox.services.retries import count_on_commit, handler_run_again, retry_member
 
     registry = registry if registry is not None else get_registry()
     chunk = chunk or inbox_settings.RETRY_BATCH_SIZE
@@ -144,14 +145,16 @@ def inbox_sequence_run(
             rows = list(_sequence(group, topic, key).select_for_update()[:chunk])
             now = timezone.now()
             ran: list[InboxMessage] = []
+            attempts: list[Attempt] = []
             for row in rows:
                 waits = row.status == PENDING and (row.next_attempt_at or now) > now
                 if row.status == FAILED or waits:
                     run.stopped_at = row
                     break
-                error, seconds = handler_run_again(message=row, registry=registry)
+                error, seconds, attempt = handler_run_again(message=row, registry=registry)
                 count_on_commit(message=row, error=error, seconds=seconds)
                 ran.append(row)
+                attempts.append(attempt)
                 run.outcomes.append(str(row.status))
                 if error is not None:
                     run.stopped_at = row
@@ -172,6 +175,7 @@ def inbox_sequence_run(
                         for r in ran
                     ]
                 )
+                inbox_attempts_insert(attempts=attempts, member=retry_member())
         if run.stopped_at is not None or len(rows) < chunk:
             return run
 

@@ -5,7 +5,7 @@ from console.api.serializers import (
     BulkInputSerializer,
     PayloadPrivacyMixin,
 )
-from inbox.models import InboxMessage
+from inbox.models import InboxAttempt, InboxMessage
 
 LIST_FIELDS = (
     "id",
@@ -49,6 +49,53 @@ class InboxMessageDetailSerializer(PayloadPrivacyMixin, serializers.ModelSeriali
     class Meta:
         model = InboxMessage
         fields = (*LIST_FIELDS, "payload", "headers", "raw_value", "raw_value_encoding")
+        read_only_fields = fields
+
+
+class InboxAttemptSerializer(serializers.ModelSerializer):
+    """One run of a message's handler, as the consumer or the retry task recorded it."""
+
+    attempted_at = serializers.DateTimeField(read_only=True, help_text="When the handler started.")
+    duration_ms = serializers.FloatField(
+        read_only=True, help_text="How long the handler ran, in milliseconds."
+    )
+    error_class = serializers.CharField(
+        read_only=True, help_text="The exception's module and class; empty for DONE."
+    )
+    error = serializers.CharField(
+        read_only=True,
+        help_text="The error as last_error keeps it (type, message, the last frames of the "
+        "traceback); empty for DONE.",
+    )
+    member = serializers.CharField(
+        read_only=True,
+        help_text="Who ran it: the consumer's group member id (else its client.id) or "
+        "retry-task, then @host:pid.",
+    )
+    partition = serializers.IntegerField(
+        read_only=True,
+        help_text="The record run: the delivery the consumer read, or the message's stored "
+        "record for the retry task.",
+    )
+    offset = serializers.IntegerField(read_only=True)
+    handler = serializers.CharField(
+        read_only=True, help_text="The handler's module and name; empty when none was found."
+    )
+
+    class Meta:
+        model = InboxAttempt
+        fields = (
+            "id",
+            "attempted_at",
+            "duration_ms",
+            "outcome",
+            "error_class",
+            "error",
+            "member",
+            "partition",
+            "offset",
+            "handler",
+        )
         read_only_fields = fields
 
 

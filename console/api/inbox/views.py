@@ -16,6 +16,7 @@ from console.api.inbox.serializers import (
     HeldKeyActionResultSerializer,
     HeldKeyQuerySerializer,
     HeldKeySerializer,
+    InboxAttemptSerializer,
     InboxBulkInputSerializer,
     InboxMessageDetailSerializer,
     InboxMessageListSerializer,
@@ -29,7 +30,7 @@ from console.api.serializers import (
 )
 from console.models import OperatorAction
 from console.operations import inbox_key_action, inbox_message_action
-from inbox.models import InboxMessage, InboxMessagePermission
+from inbox.models import InboxAttempt, InboxMessage, InboxMessagePermission
 from inbox.selectors import inbox_held_keys
 
 Action = OperatorAction.Action
@@ -48,6 +49,11 @@ class InboxCursorPagination(ConsoleCursorPagination):
     ordering = "-received_at"
 
 
+class InboxAttemptPagination(ConsoleCursorPagination):
+    # Oldest first: the attempts of one message, in the order they were written.
+    ordering = "id"
+
+
 class InboxMessageViewSet(viewsets.ReadOnlyModelViewSet):
     """Inbox messages of every consumer group: list, detail, retry, replay and discard."""
 
@@ -57,6 +63,7 @@ class InboxMessageViewSet(viewsets.ReadOnlyModelViewSet):
     required_permissions = {
         "list": VIEW,
         "retrieve": VIEW,
+        "attempts": VIEW,
         "retry": [*VIEW, *RETRY],
         "bulk_retry": [*VIEW, *RETRY],
         "replay": [*VIEW, *REPLAY],
@@ -67,6 +74,8 @@ class InboxMessageViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self) -> QuerySet[InboxMessage]:
         messages = InboxMessage.objects.all()
+        if self.action == "attempts":
+            return messages.only("pk")  # only whether the message exists
         if self.action == "list":
             messages = messages.defer("payload", "headers", "raw_value")
         return messages
@@ -99,6 +108,24 @@ class InboxMessageViewSet(viewsets.ReadOnlyModelViewSet):
         )
         detail = InboxMessageDetailSerializer(message, context=self.get_serializer_context())
         return Response(detail.data)
+
+    @extend_schema(responses=InboxAttemptSerializer(many=True))
+    @action(
+        detail=True,
+        methods=["get"],
+        pagination_class=InboxAttemptPagination,
+        filter_backends=[],
+    )
+    def attempts(self, request: Request, pk: str | None = None) -> Response:
+        """The message's handler attempts, oldest first: each run's outcome (DONE or FAILED),
+        when, how long, who ran it (consumer member or retry task), the record it ran and its
+        error. Empty for a message no handler ran (a duplicate is counted on the message, a
+        poison record or a parked one never ran); the attempts made before attempt history
+        was kept are counted in the message's `attempts`, not listed."""
+        message = self.get_object()
+        attempts = InboxAttempt.objects.filter(message_id=message.pk)
+        page = self.paginate_queryset(attempts)
+        return self.get_paginated_response(InboxAttemptSerializer(page, many=True).data)
 
     @extend_schema(request=ActionInputSerializer, responses=InboxMessageDetailSerializer)
     @action(detail=True, methods=["post"])
