@@ -1,6 +1,6 @@
 """The scenarios: which processes run, and the fault schedule that strikes while events flow.
 
-Fifteen must pass (0 lost, 0 duplicate effects, 0 order inversions, nothing stuck); the
+Nineteen must pass (0 lost, 0 duplicate effects, 0 order inversions, nothing stuck); the
 `broken-*` ones run a deliberately broken consumer or relay and must fail the check, which
 shows the checker can fail."""
 
@@ -20,7 +20,7 @@ from django.db import connection
 from outbox.models import OutboxDelivery, OutboxEvent
 from outbox.selectors import outbox_events_with_delivery
 from scenarios import faults
-from scenarios.conf import FAILURE_PERCENT_VARIABLE
+from scenarios.conf import FAILURE_PERCENT_VARIABLE, REFUSED_EVENT_VARIABLE
 from scenarios.runner import PARTITIONS, SESSION_NAME_PREFIX, Managed, Run, Scenario
 
 # Wait after a broker restart, so every round starts from a healthy cluster.
@@ -632,6 +632,39 @@ def _broken_log_relay(run: Run) -> None:
         run.add_consumer(index)
 
 
+# The keys of the refused-event run and of the broken event-log relays': few, so that a batch
+# holds several events of one key (a reversed batch then inverts them) and a held key holds
+# many events.
+FEW_KEYS = 20
+# The event the producer refuses once: key k3's 11th event (payload "n"), so that its key holds
+# the events after it.
+REFUSED_EVENT_NUMBER = 10 * FEW_KEYS + 3
+REFUSAL = {REFUSED_EVENT_VARIABLE: str(REFUSED_EVENT_NUMBER)}
+
+
+def _relay_of_scenario_broken(run: Run, *, variant: str, env: dict[str, str]) -> None:
+    """The relay through `scenario_broken`: the real one unless env sets SCENARIO_BROKEN=1."""
+    run.add(
+        "relay-1",
+        [sys.executable, "manage.py", "scenario_broken", variant, "--slot", run.run_id],
+        env=env,
+    )
+    for index in (1, 2):
+        run.add_consumer(index)
+
+
+def _check_refusal(run: Run) -> None:
+    """The fault happened: the refused event has a FAILED delivery record, the producer's
+    refusal."""
+    refused = OutboxEvent.objects.filter(topic=run.topic, payload__n=REFUSED_EVENT_NUMBER)
+    failures = OutboxDelivery.objects.filter(
+        event_id__in=refused.values("id"), outcome=OutboxDelivery.Outcome.FAILED
+    )
+    run.extra["refused_event_failures"] = list(failures.values_list("error", flat=True))
+    if not run.extra["refused_event_failures"]:
+        run.extra_problems.append(f"event {REFUSED_EVENT_NUMBER} has no FAILED delivery record")
+
+
 # 16: database sessions terminated ---------------------------------------------------------
 
 SESSION_KILLS = 15
@@ -896,6 +929,16 @@ SCENARIOS: dict[str, Scenario] = {
             after=_check_handler_failures,
         ),
         Scenario(
+            "refused-event",
+            "Event-log relay, an event refused once by the producer holds its key",
+            False,
+            partial(_relay_of_scenario_broken, variant="log-relay-no-retry", env=REFUSAL),
+            _no_faults,
+            production_seconds=5,
+            keys=FEW_KEYS,
+            after=_check_refusal,
+        ),
+        Scenario(
             "broken-consumer-commit-first",
             "BROKEN consumer: offsets committed before the database transaction",
             False,
@@ -913,6 +956,37 @@ SCENARIOS: dict[str, Scenario] = {
             _no_faults,
             production_seconds=5,
             expect_fail=True,
+            stall_seconds=20,
+        ),
+        Scenario(
+            "broken-log-relay-reversed",
+            "BROKEN event-log relay: each batch sent in reverse commit order",
+            False,
+            partial(
+                _relay_of_scenario_broken,
+                variant="log-relay-reversed",
+                env={"SCENARIO_BROKEN": "1"},
+            ),
+            _no_faults,
+            production_seconds=5,
+            keys=FEW_KEYS,
+            expect_fail=True,
+        ),
+        Scenario(
+            "broken-log-relay-no-retry",
+            "BROKEN event-log relay: a key held after a refused event is never retried",
+            False,
+            partial(
+                _relay_of_scenario_broken,
+                variant="log-relay-no-retry",
+                env={"SCENARIO_BROKEN": "1", **REFUSAL},
+            ),
+            _no_faults,
+            production_seconds=5,
+            keys=FEW_KEYS,
+            after=_check_refusal,
+            expect_fail=True,
+            # 20 times the first retry's backoff (OUTBOX["RETRY_BASE_SECONDS"], 1 s).
             stall_seconds=20,
         ),
         Scenario(

@@ -246,3 +246,16 @@ def test_event_log_relays_take_over_from_a_killed_shard_owner(scenario_run):
     assert sum(extra["kills"].values()) == 8
     assert extra["publishing_relays"] == ["relay-1", "relay-2"]
     _faults_struck_while_events_flowed(result)
+
+
+def test_an_event_refused_once_holds_its_key_until_its_retry_delivers_it(scenario_run):
+    # The producer refuses one event the first time: the relay holds its key, tries the event
+    # again after its backoff, and the key's later events follow it in order. The same run
+    # with a relay that never retries is broken-log-relay-no-retry.
+    code, output, result = scenario_run("refused-event")
+    assert code == 0, output
+    _passes(result, output)
+    assert result["keys"] == 20
+    failures = result["extra"]["refused_event_failures"]
+    assert len(failures) == 1, failures
+    assert failures[0].startswith("REFUSED"), failures
