@@ -163,16 +163,16 @@ def _two_brokers_down(run: Run) -> None:
     for fault in killed:
         fault.detail = f"pid {fault.result}"
     outage_start = killed[-1].ended_at
-    # Seen when broker 1 alone leads every partition.
+    # Seen by the brokers' listeners refusing connections. Not by leadership: with two of the
+    # three controllers down the metadata quorum is lost, and no leadership moves until one
+    # is back. That the outage stopped publishing is _check_nothing_done_during_outage's.
     for node, fault in zip(down, killed, strict=True):
-        leaders = faults.wait_leaders_off(run.topic, node, timeout=LEADER_MOVE_SECONDS)
         run.verify(
             fault,
-            seen=leaders is not None,
-            effect=f"every partition led by another broker than {node} within "
-            f"{LEADER_MOVE_SECONDS:.0f} s",
+            seen=faults.kafka_refuses(node),
+            effect=f"broker {node}'s listener refused a connection",
         )
-    run.sleep(max(0.0, OUTAGE_SECONDS - (time.monotonic() - killed[-1].ended)))
+    run.sleep(OUTAGE_SECONDS)
     outage_end = run.fault("outage ends", None).started_at
     for node in down:
         restarted = run.fault(f"restart broker {node}", partial(faults.kafka_start, node))

@@ -7,6 +7,7 @@ isolated services of another checkout (scenarios/ports.py)."""
 import logging
 import os
 import re
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -269,3 +270,13 @@ def redis_refuses() -> bool:
     finally:
         client.close()
     return False
+
+
+def kafka_refuses(node: int) -> bool:
+    """Whether broker `node`'s listener refuses a connection now: the effect of kafka_kill,
+    which its clients meet."""
+    try:
+        with socket.create_connection(("127.0.0.1", ports.recorded_block().kafka(node)), timeout=1):
+            return False
+    except ConnectionRefusedError:
+        return True
