@@ -540,8 +540,8 @@ class Run:
         self.verify(
             killed,
             seen=result is not None and result.returncode == -signal.SIGKILL,
-            effect=f"{process.name} ended by SIGKILL (exit status "
-            f"{result.returncode if result else 'none: not running'})",
+            effect=f"{process.name} ended by the SIGKILL, exit status -9 (it exited with "
+            f"{result.returncode if result else 'nothing: it was not running'})",
         )
         return killed
 
