@@ -22,3 +22,8 @@ def handler_target() -> tuple[str, str, str] | None:
     if not topic or not group:
         return None
     return topic, group, os.environ.get(RUN_VARIABLE, "")
+
+
+# The number (payload "n") of the event the relay's producer refuses the first time it sends it
+# (scenario_broken's log-relay variants), as it refuses a record it cannot take.
+REFUSED_EVENT_VARIABLE = "SCENARIO_REFUSED_EVENT"

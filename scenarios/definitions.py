@@ -1,6 +1,6 @@
 """The scenarios: which processes run, and the fault schedule that strikes while events flow.
 
-Fifteen must pass (0 lost, 0 duplicate effects, 0 order inversions, nothing stuck); the
+Nineteen must pass (0 lost, 0 duplicate effects, 0 order inversions, nothing stuck); the
 `broken-*` ones run a deliberately broken consumer or relay and must fail the check, which
 shows the checker can fail."""
 
@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -20,7 +21,7 @@ from django.db import connection
 from outbox.models import OutboxDelivery, OutboxEvent
 from outbox.selectors import outbox_events_with_delivery
 from scenarios import faults
-from scenarios.conf import FAILURE_PERCENT_VARIABLE
+from scenarios.conf import FAILURE_PERCENT_VARIABLE, REFUSED_EVENT_VARIABLE
 from scenarios.runner import PARTITIONS, SESSION_NAME_PREFIX, Managed, Run, Scenario
 
 # Wait after a broker restart, so every round starts from a healthy cluster.
@@ -56,7 +57,7 @@ def _relay_kills(run: Run) -> None:
     relay = run.processes["relay-1"]
     for number in range(20):
         run.sleep(run.random.uniform(2, 5))
-        run.fault(f"SIGKILL relay ({number + 1})", relay.kill)
+        run.kill(f"SIGKILL relay ({number + 1})", relay)
 
 
 # 3 ---------------------------------------------------------------------------------------
@@ -89,11 +90,12 @@ def _leader_kills(run: Run) -> None:
         moved = faults.wait_leader_moved(
             run.topic, partition, away_from=leader, timeout=LEADER_MOVE_SECONDS
         )
-        if moved is None:
-            run.extra_problems.append(
-                f"partition {partition} was still led by killed broker {leader} after "
-                f"{LEADER_MOVE_SECONDS:.0f} s"
-            )
+        run.verify(
+            killed,
+            seen=moved is not None,
+            effect=f"partition {partition} led by another broker than {leader} within "
+            f"{LEADER_MOVE_SECONDS:.0f} s",
+        )
         restarted = run.fault(f"restart broker {leader}", partial(faults.kafka_start, leader))
         restarted.detail = f"pid {restarted.result}; partition {partition} led by {moved} meanwhile"
         _healthy(run)
@@ -127,8 +129,12 @@ def _rolling_restart(run: Run) -> None:
         )
         # While it is down, every partition is led by another broker.
         leaders = faults.wait_leaders_off(run.topic, node, timeout=LEADER_MOVE_SECONDS)
-        if leaders is None:
-            run.extra_problems.append(f"partitions still led by stopped broker {node}")
+        run.verify(
+            stopped,
+            seen=leaders is not None,
+            effect=f"every partition led by another broker than {node} within "
+            f"{LEADER_MOVE_SECONDS:.0f} s",
+        )
         started = run.fault(f"start broker {node}", partial(faults.kafka_start, node))
         started.detail = f"pid {started.result}"
         _healthy(run)
@@ -157,6 +163,15 @@ def _two_brokers_down(run: Run) -> None:
     for fault in killed:
         fault.detail = f"pid {fault.result}"
     outage_start = killed[-1].ended_at
+    # Seen by the brokers' listeners refusing connections. Not by leadership: with two of the
+    # three controllers down the metadata quorum is lost, and no leadership moves until one
+    # is back. That the outage stopped publishing is _check_nothing_done_during_outage's.
+    for node, fault in zip(down, killed, strict=True):
+        run.verify(
+            fault,
+            seen=faults.kafka_refuses(node),
+            effect=f"broker {node}'s listener refused a connection",
+        )
     run.sleep(OUTAGE_SECONDS)
     outage_end = run.fault("outage ends", None).started_at
     for node in down:
@@ -195,14 +210,28 @@ def _check_nothing_done_during_outage(run: Run) -> None:
 # 6 ---------------------------------------------------------------------------------------
 
 
+PAUSE_SECONDS = 40.0
+
+
 def _broker_pause(run: Run) -> None:
     run.sleep(5)
     leader = faults.partition_leader(run.topic, 0)
-    run.fault(
+    paused = run.fault(
         f"SIGSTOP broker {leader} (leader of partition 0)", lambda: faults.kafka_pause(leader)
     )
-    run.sleep(40)
-    run.fault(f"SIGCONT broker {leader}", lambda: faults.kafka_resume(leader))
+    paused.detail = f"pid {paused.result}"
+    # A stopped broker stops heartbeating: the controller fences it (broker.session.timeout.ms,
+    # 9 s) and moves its leaderships. A broker that went on running would keep partition 0.
+    moved = faults.wait_leader_moved(run.topic, 0, away_from=leader, timeout=PAUSE_SECONDS - 5)
+    run.extra["pause"] = {"broker": leader, "leader_while_paused": moved}
+    run.verify(
+        paused,
+        seen=moved is not None,
+        effect=f"partition 0 led by another broker than {leader} within {PAUSE_SECONDS - 5:.0f} s",
+    )
+    run.sleep(max(0.0, PAUSE_SECONDS - (time.monotonic() - paused.ended)))
+    resumed = run.fault(f"SIGCONT broker {leader}", lambda: faults.kafka_resume(leader))
+    resumed.detail = f"pid {resumed.result}"
     _healthy(run)
 
 
@@ -227,8 +256,11 @@ def _concurrent_faults(run: Run) -> None:
         lambda: [name for name in CONCURRENT if run.processes[name].alive],
     )
     running.detail = f"running: {', '.join(running.result)}"
-    if len(running.result) != len(CONCURRENT):
-        run.extra_problems.append(f"not all running at once: only {running.result}")
+    run.verify(
+        running,
+        seen=len(running.result) == len(CONCURRENT),
+        effect=f"all of {', '.join(CONCURRENT)} running",
+    )
 
 
 def _check_concurrent(run: Run) -> None:
@@ -266,7 +298,7 @@ def _consumer_kills(run: Run) -> None:
     for number in range(15):
         run.sleep(3)
         victim = run.processes[run.random.choice(names)]
-        run.fault(f"SIGKILL {victim.name} ({number + 1})", victim.kill)
+        run.kill(f"SIGKILL {victim.name} ({number + 1})", victim)
 
 
 # 9 ---------------------------------------------------------------------------------------
@@ -285,12 +317,18 @@ def _rebalance_storm(run: Run) -> None:
             name = joined.pop(run.random.randrange(len(joined)))
             left = run.fault(f"{name} leaves (SIGTERM)", run.processes[name].stop)
             left.detail = f"pid {run.processes[name].pids[-1]}, exit code {left.result}"
+            run.verify(
+                left,
+                seen=left.result is not None and not run.processes[name].alive,
+                effect=f"{name} was running and exited",
+            )
         else:
             added = run.fault(
                 f"consumer-{next_index} joins",
                 partial(run.add_consumer, next_index, static=False, keep_alive=False),
             )
             added.detail = f"pid {added.result.pids[-1]}"
+            run.verify(added, seen=added.result.alive, effect=f"{added.result.name} running")
             next_index += 1
             joined.append(added.result.name)
         current = run.group_members()
@@ -368,8 +406,11 @@ def _postgres_crashes(run: Run) -> None:
         with log.open("rb") as file:
             file.seek(log_size)
             recovered = RECOVERY_LINE in file.read().decode(errors="replace")
-        if not recovered:
-            run.extra_problems.append(f"PostgreSQL start {number + 1} did not log a recovery")
+        run.verify(
+            crashed,
+            seen=recovered,
+            effect=f"PostgreSQL start {number + 1} logged a crash recovery",
+        )
         crashes.append(
             {"crashed_pid": crashed.result, "started_pid": started.result, "recovered": recovered}
         )
@@ -386,6 +427,7 @@ def _celery_start(run: Run) -> None:
 
 # A Celery worker with its pool: the main process and --concurrency children.
 WORKER_PROCESSES = 3
+REDIS_DOWN_SECONDS = 5.0
 
 
 def _kill_worker(run: Run, number: int) -> None:
@@ -395,7 +437,7 @@ def _kill_worker(run: Run, number: int) -> None:
     if not worker.wait_group(WORKER_PROCESSES, timeout=60):
         run.extra_problems.append(f"the worker's pool was not up for kill {number}")
     run.sleep(run.random.uniform(1, 2))
-    killed = run.fault(f"SIGKILL Celery worker ({number})", worker.kill)
+    killed = run.kill(f"SIGKILL Celery worker ({number})", worker)
     if killed.result is not None:
         killed.detail = (
             f"process group {killed.result.group}, missed by the signal "
@@ -407,8 +449,19 @@ def _celery_faults(run: Run) -> None:
     for number in (1, 2):
         _kill_worker(run, number)
     run.sleep(3)
-    run.fault("Redis stop", faults.redis_stop)
-    run.sleep(5)
+    stopped = run.fault("Redis stop", faults.redis_stop)
+    stopped.detail = f"pid {stopped.result}"
+    # Refused at the start of the window and at its end: Redis was down throughout.
+    refused = [faults.redis_refuses()]
+    run.sleep(max(0.0, REDIS_DOWN_SECONDS - (time.monotonic() - stopped.ended)))
+    refused.append(faults.redis_refuses())
+    run.extra["redis_refused"] = refused
+    run.verify(
+        stopped,
+        seen=all(refused),
+        effect=f"Redis refused connections at the start and the end of the "
+        f"{REDIS_DOWN_SECONDS:.0f} s: {refused}",
+    )
     run.fault("Redis start", faults.redis_start)
     _kill_worker(run, 3)
 
@@ -499,15 +552,26 @@ def _long_snapshot(run: Run) -> None:
             "REPEATABLE READ transaction opened", partial(_open_snapshot, run, reader)
         )
         opened.detail = f"backend {opened.result['pid']}, xmin {opened.result['xmin']}"
+        run.verify(
+            opened,
+            seen=opened.result["xmin"] is not None,
+            effect="the session holds a snapshot (backend_xmin)",
+        )
         run.sleep(5)
         dumped = run.fault("pg_dump of the whole database", _pg_dump)
         dumped.detail = f"{dumped.result:,} bytes"
+        run.verify(dumped, seen=dumped.result > 0, effect="a dump written")
         run.sleep(max(0.0, SNAPSHOT_HOLD_SECONDS - (dumped.ended - opened.started)))
         closed = run.fault(
             "REPEATABLE READ transaction closed",
             partial(_close_snapshot, run, reader, opened.result),
         )
         closed.detail = f"xmin {closed.result['xmin']}"
+        run.verify(
+            closed,
+            seen=closed.result["xmin"] == opened.result["xmin"],
+            effect="the snapshot held until the close (the same backend_xmin)",
+        )
     run.extra["snapshot"] = {
         "opened": opened.result,
         "closed": closed.result,
@@ -537,7 +601,7 @@ def _hot_key_relay_kills(run: Run) -> None:
     relay = run.processes["relay-1"]
     for number in range(5):
         run.sleep(run.random.uniform(4, 7))
-        run.fault(f"SIGKILL relay ({number + 1})", relay.kill)
+        run.kill(f"SIGKILL relay ({number + 1})", relay)
 
 
 def _shard_owner(run: Run) -> Managed | None:
@@ -563,10 +627,10 @@ def _relay_takeovers(run: Run) -> None:
         owner = _shard_owner(run)
         owners.append(owner.name if owner else None)
         if owner is None:
-            run.fault(f"no shard owner found ({number + 1})")
+            missed = run.fault(f"no shard owner found ({number + 1})")
+            run.verify(missed, seen=False, effect="the relay that owns the shards found")
             continue
-        killed = run.fault(f"SIGKILL the shards' owner, {owner.name} ({number + 1})", owner.kill)
-        killed.detail = f"pid {killed.result.pid}" if killed.result else "it had exited"
+        run.kill(f"SIGKILL the shards' owner, {owner.name} ({number + 1})", owner)
 
 
 def _check_takeovers(run: Run) -> None:
@@ -632,6 +696,39 @@ def _broken_log_relay(run: Run) -> None:
         run.add_consumer(index)
 
 
+# The keys of the refused-event run and of the broken event-log relays': few, so that a batch
+# holds several events of one key (a reversed batch then inverts them) and a held key holds
+# many events.
+FEW_KEYS = 20
+# The event the producer refuses once: key k3's 11th event (payload "n"), so that its key holds
+# the events after it.
+REFUSED_EVENT_NUMBER = 10 * FEW_KEYS + 3
+REFUSAL = {REFUSED_EVENT_VARIABLE: str(REFUSED_EVENT_NUMBER)}
+
+
+def _relay_of_scenario_broken(run: Run, *, variant: str, env: dict[str, str]) -> None:
+    """The relay through `scenario_broken`: the real one unless env sets SCENARIO_BROKEN=1."""
+    run.add(
+        "relay-1",
+        [sys.executable, "manage.py", "scenario_broken", variant, "--slot", run.run_id],
+        env=env,
+    )
+    for index in (1, 2):
+        run.add_consumer(index)
+
+
+def _check_refusal(run: Run) -> None:
+    """The fault happened: the refused event has a FAILED delivery record, the producer's
+    refusal."""
+    refused = OutboxEvent.objects.filter(topic=run.topic, payload__n=REFUSED_EVENT_NUMBER)
+    failures = OutboxDelivery.objects.filter(
+        event_id__in=refused.values("id"), outcome=OutboxDelivery.Outcome.FAILED
+    )
+    run.extra["refused_event_failures"] = list(failures.values_list("error", flat=True))
+    if not run.extra["refused_event_failures"]:
+        run.extra_problems.append(f"event {REFUSED_EVENT_NUMBER} has no FAILED delivery record")
+
+
 # 16: database sessions terminated ---------------------------------------------------------
 
 SESSION_KILLS = 15
@@ -667,16 +764,14 @@ def _session_kills(run: Run) -> None:
             _terminate_relay_and_consumer_sessions,
         )
         killed.detail = ", ".join(killed.result) or "no session"
+        run.verify(killed, seen=bool(killed.result), effect="a session ended")
         rounds.append(killed.result)
 
 
 def _check_session_kills(run: Run) -> None:
-    """The fault happened: every round ended at least one session, and both the relay's and
-    the consumers' sessions were ended during the run."""
+    """The fault happened: both the relay's and the consumers' sessions were ended during
+    the run (each round that ended none is a fault not seen)."""
     rounds = run.extra.get("sessions_terminated", [])
-    empty = sum(1 for ended in rounds if not ended)
-    if empty:
-        run.extra_problems.append(f"{empty} of {len(rounds)} rounds ended no session")
     names = {name for ended in rounds for name in ended}
     for process in ("relay-", "consumer-"):
         if not any(name.startswith(f"{SESSION_NAME_PREFIX}{process}") for name in names):
@@ -896,6 +991,16 @@ SCENARIOS: dict[str, Scenario] = {
             after=_check_handler_failures,
         ),
         Scenario(
+            "refused-event",
+            "Event-log relay, an event refused once by the producer holds its key",
+            False,
+            partial(_relay_of_scenario_broken, variant="log-relay-no-retry", env=REFUSAL),
+            _no_faults,
+            production_seconds=5,
+            keys=FEW_KEYS,
+            after=_check_refusal,
+        ),
+        Scenario(
             "broken-consumer-commit-first",
             "BROKEN consumer: offsets committed before the database transaction",
             False,
@@ -913,6 +1018,37 @@ SCENARIOS: dict[str, Scenario] = {
             _no_faults,
             production_seconds=5,
             expect_fail=True,
+            stall_seconds=20,
+        ),
+        Scenario(
+            "broken-log-relay-reversed",
+            "BROKEN event-log relay: each batch sent in reverse commit order",
+            False,
+            partial(
+                _relay_of_scenario_broken,
+                variant="log-relay-reversed",
+                env={"SCENARIO_BROKEN": "1"},
+            ),
+            _no_faults,
+            production_seconds=5,
+            keys=FEW_KEYS,
+            expect_fail=True,
+        ),
+        Scenario(
+            "broken-log-relay-no-retry",
+            "BROKEN event-log relay: a key held after a refused event is never retried",
+            False,
+            partial(
+                _relay_of_scenario_broken,
+                variant="log-relay-no-retry",
+                env={"SCENARIO_BROKEN": "1", **REFUSAL},
+            ),
+            _no_faults,
+            production_seconds=5,
+            keys=FEW_KEYS,
+            after=_check_refusal,
+            expect_fail=True,
+            # 20 times the first retry's backoff (OUTBOX["RETRY_BASE_SECONDS"], 1 s).
             stall_seconds=20,
         ),
         Scenario(

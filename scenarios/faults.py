@@ -7,13 +7,17 @@ isolated services of another checkout (scenarios/ports.py)."""
 import logging
 import os
 import re
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import redis
 from confluent_kafka.admin import AdminClient
 from django.conf import settings
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from kafka_events.conf import kafka_settings
 from scenarios import ports
@@ -246,3 +250,33 @@ def redis_stop() -> int:
 
 def redis_start() -> None:
     services("redis-start")
+
+
+def redis_refuses() -> bool:
+    """Whether the isolated Redis refuses a connection now: the effect of redis_stop, which
+    a client (a Celery worker, beat) meets."""
+    client = redis.Redis(
+        host="127.0.0.1",
+        port=ports.recorded_block().redis,
+        socket_connect_timeout=1,
+        socket_timeout=1,
+        # One try: redis-py retries a refused connection by default, for seconds.
+        retry=Retry(NoBackoff(), 0),
+    )
+    try:
+        client.ping()
+    except redis.exceptions.ConnectionError:
+        return True
+    finally:
+        client.close()
+    return False
+
+
+def kafka_refuses(node: int) -> bool:
+    """Whether broker `node`'s listener refuses a connection now: the effect of kafka_kill,
+    which its clients meet."""
+    try:
+        with socket.create_connection(("127.0.0.1", ports.recorded_block().kafka(node)), timeout=1):
+            return False
+    except ConnectionRefusedError:
+        return True

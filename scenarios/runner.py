@@ -126,6 +126,8 @@ class Killed:
     group: list[int]
     spared: list[int]
     survivors: list[int]
+    # The process's exit status as its parent saw it: -9 when the SIGKILL ended it.
+    returncode: int | None = None
 
 
 class Managed:
@@ -211,14 +213,20 @@ class Managed:
             group = process_group(process.pid)
             self.kills += 1
             _kill_group(process.pid)
-            process.wait(10)
+            returncode = process.wait(10)
             missed = spared([pid for pid in group if pid != process.pid])
             deadline = _now() + 10
             survivors = process_group(process.pid)
             while survivors and _now() < deadline:
                 time.sleep(0.1)
                 survivors = process_group(process.pid)
-            killed = Killed(pid=process.pid, group=group, spared=missed, survivors=survivors)
+            killed = Killed(
+                pid=process.pid,
+                group=group,
+                spared=missed,
+                survivors=survivors,
+                returncode=returncode,
+            )
             self.killed.append(killed)
             return killed
         finally:
@@ -270,11 +278,19 @@ class Fault:
     # What the action returned (a pid, a report), and what the schedule says it showed.
     result: Any = None
     detail: str = ""
+    # Whether the schedule saw the fault's effect (leadership moved, Redis refused a
+    # connection, the process died of the SIGKILL); None for an entry that is no fault (a
+    # restart, the end of an outage).
+    verified: bool | None = None
+    effect: str = ""
 
     def line(self) -> str:
         when = f"{self.started_at:%H:%M:%S.%f}"[:-3]
         detail = f": {self.detail}" if self.detail else ""
-        return f"{when} +{self.ended - self.started:.1f}s {self.what}{detail}"
+        seen = ""
+        if self.verified is not None:
+            seen = f" [{'seen' if self.verified else 'NOT SEEN'}: {self.effect}]"
+        return f"{when} +{self.ended - self.started:.1f}s {self.what}{detail}{seen}"
 
 
 @dataclass
@@ -283,6 +299,7 @@ class ScenarioResult:
     events: int
     keys: int
     report: DeliveryReport
+    # Faults whose effect the schedule saw (Fault.verified).
     faults: int
     seconds: float
     complete: bool
@@ -505,6 +522,28 @@ class Run:
             self.faults.append(fault)
             self._schedule.notify_all()
         return fault
+
+    def verify(self, fault: Fault, *, seen: bool, effect: str) -> None:
+        """Records whether the fault's effect was seen; a fault without it fails the run (the
+        scenario would prove nothing about it)."""
+        fault.verified, fault.effect = seen, effect
+        if not seen:
+            self.extra_problems.append(f"{fault.what}: its effect was not seen ({effect})")
+
+    def kill(self, what: str, process: Managed) -> Fault:
+        """SIGKILLs a managed process as a fault, seen when the process was running and the
+        signal ended it."""
+        killed = self.fault(what, process.kill)
+        result: Killed | None = killed.result
+        if result is not None:
+            killed.detail = f"pid {result.pid}"
+        self.verify(
+            killed,
+            seen=result is not None and result.returncode == -signal.SIGKILL,
+            effect=f"{process.name} ended by the SIGKILL, exit status -9 (it exited with "
+            f"{result.returncode if result else 'nothing: it was not running'})",
+        )
+        return killed
 
     def group_members(self) -> list[str] | None:
         """The consumer group's members as the coordinator has them: the group.instance.id of
@@ -808,6 +847,10 @@ class Run:
             starts={p.name: p.starts for p in self.processes.values()},
             pids={p.name: p.pids for p in self.processes.values()},
             fault_log=[f.line() for f in self.faults],
+            # The schedule's entries (restarts and ends of outages among them); the result's
+            # "faults" counts only the faults whose effect was seen.
+            faults_logged=len(self.faults),
+            faults_not_seen=[f.what for f in self.faults if f.verified is False],
             # Seconds from the start of the run: the writing must end after the faults.
             faults_ended=round(self.faults_ended - started, 1),
             production_ended=round(self.production_ended - started, 1),
@@ -822,7 +865,7 @@ class Run:
             events=self.events,
             keys=self.keys,
             report=report,
-            faults=len(self.faults),
+            faults=sum(1 for fault in self.faults if fault.verified),
             seconds=_now() - started,
             complete=complete,
             seconds_after_last_fault=(

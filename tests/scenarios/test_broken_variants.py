@@ -4,6 +4,7 @@ reports exactly the loss or the duplicates its bug causes."""
 
 import pytest
 
+from scenarios.definitions import REFUSED_EVENT_NUMBER
 from tests.scenarios.limits import TEST_TIMEOUT_SECONDS
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(TEST_TIMEOUT_SECONDS)]
@@ -58,3 +59,50 @@ def test_ordering_none_applies_a_failed_event_after_the_later_ones_of_its_key(sc
     assert result["inversions"] > 0, output
     assert result["lost"] == 0
     assert result["duplicate_effects"] == 0
+
+
+def test_an_event_log_relay_sending_its_batch_in_reverse_inverts_the_order_of_keys(scenario_run):
+    # On 20 keys each batch holds several events of a key, and the later reaches Kafka first;
+    # the consumers apply them in the log's order. Everything arrives, exactly once.
+    code, output, result = scenario_run("broken-log-relay-reversed", events=2000)
+    assert code == 0, output
+    assert not result["passed"]
+    assert result["complete"], output
+    report = result["report"]
+    assert report["log_inversions"] > 0, output
+    assert all(group["effect_inversions"] > 0 for group in report["groups"]), output
+    # The inversions, and nothing else, fail it.
+    assert result["problems"] == [f"{result['inversions']} order inversions"], output
+    assert result["lost"] == 0
+    assert result["duplicate_effects"] == 0
+    assert result["stuck"] == 0
+
+
+def test_an_event_log_relay_that_never_retries_a_held_key_leaves_its_events_stuck(scenario_run):
+    # The producer refuses one event once; the relay holds its key, as it should, but never
+    # tries it again: that event and the later ones of its key wait for good, the rest flows.
+    code, output, result = scenario_run("broken-log-relay-no-retry", events=2000)
+    assert code == 0, output
+    assert not result["passed"]
+    keys, events = result["keys"], result["events"]
+    held = [
+        n for n in range(REFUSED_EVENT_NUMBER, events) if n % keys == REFUSED_EVENT_NUMBER % keys
+    ]
+    report = result["report"]
+    assert report["stuck_outbox"] == len(held), output
+    assert result["stuck"] == len(held)
+    # Stuck in the outbox, so never applied: the lost events are exactly the stuck ones.
+    assert result["lost"] == len(held), output
+    assert report["log_missing"] == 0
+    held_key = f"k{REFUSED_EVENT_NUMBER % keys}#"
+    stuck_examples = report["examples"]["outbox not DONE"]
+    assert all(example.startswith(held_key) for example in stuck_examples), stuck_examples
+    assert result["problems"] == [
+        "delivery did not complete",
+        f"{len(held)} lost events",
+        f"{len(held)} rows stuck",
+    ], output
+    assert result["inversions"] == 0
+    assert result["duplicate_effects"] == 0
+    # The refusal happened once, and nothing tried the event again.
+    assert len(result["extra"]["refused_event_failures"]) == 1, result["extra"]

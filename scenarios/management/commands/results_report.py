@@ -194,8 +194,8 @@ class Command(BaseCommand):
             f"{_keys(results)} keys with per-key sequence numbers through `outbox.publish`; the "
             "delivery checker then reads the outbox, the whole Kafka log (read_committed) and "
             'the inbox and effect tables. "Before last fault": every event had been applied '
-            "before the last fault began, so there is no time to report. See "
-            "docs/scenarios.md.",
+            "before the last fault began, so there is no time to report. Faults: the faults "
+            "whose effect the schedule saw (restarts not counted). See docs/scenarios.md.",
             "",
             *(_scenario_table(results) if results else ["No scenario result was written."]),
             "",
