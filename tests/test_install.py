@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -27,6 +26,7 @@ from django.conf import settings
 from django.db import connection
 
 from kafka_events.kafka import kafka_connection_config
+from tests.conftest import connect_outside_django
 from tests.distribution import build_distributions
 from tests.kafka_events.test_conf import server_connection
 
@@ -203,13 +203,8 @@ class Shop:
                 process.wait()
 
     def query(self, sql: str, *params: Any) -> Any:
-        options = connection.settings_dict
-        with psycopg.connect(
-            host=options["HOST"],
-            port=options["PORT"] or 5432,
-            user=options["USER"],
-            password=options["PASSWORD"],
-            dbname=self.database,
+        with connect_outside_django(
+            {**connection.settings_dict, "NAME": self.database}
         ) as database:
             return database.execute(sql, params).fetchone()[0]  # type: ignore[index]
 
