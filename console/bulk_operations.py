@@ -9,11 +9,12 @@ bulk action needs a reason, kept in its audit entry.
 
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
 from django.conf import settings
-from django.db import OperationalError, transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
@@ -31,6 +32,37 @@ from console.selectors import rows_counted_up_to
 
 Status = BulkOperation.Status
 REASON_MAX_LENGTH = 2000
+# The first key of the PostgreSQL advisory lock a run of an operation holds (the second is
+# the operation's id): "BULK" in ASCII.
+RUN_LOCK_NAMESPACE = 0x42554C4B
+
+
+@contextmanager
+def _run_lock(operation_id: int) -> Iterator[bool]:
+    """Whether this process may run the operation: one run at a time, so that a second
+    delivery of the task neither applies chunks out of order nor doubles the rate. The lock is
+    the database session's: a worker that dies releases it with its connection."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [RUN_LOCK_NAMESPACE, operation_id])
+        held = bool(cursor.fetchone()[0])
+    try:
+        yield held
+    finally:
+        if held:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_advisory_unlock(%s, %s)", [RUN_LOCK_NAMESPACE, operation_id]
+                )
+
+
+def _no_run_holds(operation_id: int) -> bool:
+    """No process runs the operation now (to be asked inside a transaction: the answer holds
+    until it ends)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_try_advisory_xact_lock(%s, %s)", [RUN_LOCK_NAMESPACE, operation_id]
+        )
+        return bool(cursor.fetchone()[0])
 
 
 def _jsonable(value: Any) -> Any:
@@ -178,7 +210,7 @@ def _finish(operation_id: int, status: str, error: str = "") -> None:
         operation.finished_at = timezone.now()
         operation.error = error
         operation.save(update_fields=["status", "finished_at", "error"])
-        # Cancelled or failed: no chunk is pending any more.
+        # Finished: no chunk is pending any more.
         OperatorAction.objects.filter(pk=operation.audit_id).update(chunks_pending=0)
 
 
@@ -190,12 +222,20 @@ def bulk_operation_run(
 ) -> BulkOperation:
     """Applies a queued operation's chunks in order, one transaction each, pausing between
     chunks to stay under CONSOLE_BULK_MAX_ROWS_PER_SECOND, and stops before the next chunk
-    once a cancel is requested. Safe to run again for the same operation (a redelivered task
-    resumes at the first chunk not yet applied).
+    once a cancel is requested. Safe to run again for the same operation: a redelivered task
+    resumes at the first chunk not yet applied, and does nothing while another run holds the
+    operation.
 
     An OperationalError (the database went away) propagates, for the task to retry; any other
     error marks the operation FAILED with its text, the chunks already applied staying applied.
     """
+    with _run_lock(operation_id) as held:
+        if held:
+            _run(operation_id, sleep=sleep, clock=clock)
+    return BulkOperation.objects.select_related("audit").get(pk=operation_id)
+
+
+def _run(operation_id: int, *, sleep: Callable[[float], None], clock: Callable[[], float]) -> None:
     claimed = BulkOperation.objects.filter(
         pk=operation_id, status__in=(Status.QUEUED, Status.RUNNING)
     ).update(status=Status.RUNNING)
@@ -228,15 +268,15 @@ def bulk_operation_run(
                 pause = rows_here / rate - (clock() - started)
                 if pause > 0:
                     sleep(pause)
-    return BulkOperation.objects.select_related("audit").get(pk=operation_id)
 
 
 def bulk_operation_cancel(
     *, user: Any, operation: BulkOperation, source: str, note: str = ""
 ) -> BulkOperation:
     """Cancels a bulk operation: a queued one at once, a running one before its next chunk
-    (the chunks already applied stay applied). Needs the permission of the operation's own
-    action; logged in the audit log. Refuses an operation that has finished."""
+    (the chunks already applied stay applied), one whose run has died (no process holds it) at
+    once. Needs the permission of the operation's own action; logged in the audit log. Refuses
+    an operation that has finished."""
     spec = ACTIONS[operation.audit.action]
     require_permission(user, spec.permission)
     with transaction.atomic():
@@ -266,9 +306,10 @@ def bulk_operation_cancel(
                 filters={"operation": operation.pk, "audit": operation.audit_id},
                 note=note,
             )
-        if operation.status == Status.QUEUED:
-            # No worker has claimed it (a claim waits for this row's lock): it ends now rather
-            # than when a worker gets to it, or never if none is running.
+        if operation.status == Status.QUEUED or _no_run_holds(operation.pk):
+            # Queued, no worker has claimed it (a claim waits for this row's lock); running,
+            # its worker died or gave up: it ends now rather than when a worker gets to it, or
+            # never if none is running.
             _finish(operation.pk, Status.CANCELLED)
     operation.refresh_from_db()
     return operation

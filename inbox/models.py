@@ -141,12 +141,13 @@ class InboxAttempt(models.Model):
     """One run of a message's handler: written once, in the transaction that records the
     run's outcome on the message, never updated.
 
-    Written by the consumer (the batch's runs, in one statement) and by the retry task; a
-    message that no handler ran (a duplicate, a poison record, one parked or deferred) has
-    none. No foreign key, as for the outbox's delivery records: the consumer writes a
-    batch's messages and attempts without a check per row, and the retention deletes a
-    message's attempts with it (inbox.services.retention). Messages recorded before this
-    table existed have an attempt count and no rows."""
+    Written by the consumer (the batch's runs, in one statement) and by the retry task, which
+    also writes a FAILED attempt with no handler when it finds none for the message; a message
+    that no handler ran (a duplicate, a poison record, one parked or deferred) has none. No
+    foreign key, as for the outbox's delivery records: the consumer writes a batch's messages
+    and attempts without a check per row, and the retention deletes a message's attempts with
+    it (inbox.services.retention). Messages recorded before this table existed have an
+    attempt count and no rows."""
 
     class Outcome(models.TextChoices):
         # The handler returned: its effects committed with the message's DONE.

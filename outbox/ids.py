@@ -8,6 +8,9 @@ from django.utils import timezone
 
 UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 RANDOM_62_BITS = (1 << 62) - 1
+# How far an event's created_at may be from the time its drawn id carries: a second covers two
+# readings of the clock in one process, and a second of events is a few BRIN ranges to read.
+DRAWN_TIME_MARGIN = timedelta(seconds=1)
 
 
 def time_ordered_event_id(created_at: datetime) -> uuid.UUID:
@@ -34,12 +37,14 @@ def new_event_id() -> uuid.UUID:
 
 
 def drawn_time_range(event_id: uuid.UUID) -> tuple[datetime, datetime]:
-    """The creation times an event whose id publish() drew can have: the millisecond a
-    version 7 id carries; an empty range for any other id, which publish() never draws."""
+    """The creation times an event whose id was drawn from the clock can have: around the
+    millisecond a version 7 id carries (publish() draws both from one reading of the clock, the
+    model's default for an event made through the ORM from another reading than its
+    created_at's); an empty range for any other id, which is never drawn."""
     if event_id.version != 7:
         return UNIX_EPOCH, UNIX_EPOCH
     try:
-        start = UNIX_EPOCH + timedelta(milliseconds=event_id.int >> 80)
-        return start, start + timedelta(milliseconds=1)
-    except OverflowError:  # a time after the year 9999, which publish() never draws
+        drawn = UNIX_EPOCH + timedelta(milliseconds=event_id.int >> 80)
+        return drawn - DRAWN_TIME_MARGIN, drawn + DRAWN_TIME_MARGIN
+    except OverflowError:  # a time after the year 9999, which is never drawn
         return UNIX_EPOCH, UNIX_EPOCH

@@ -99,7 +99,8 @@ class OutboxEvent(models.Model):
         # range of pages that has no summary yet (the range being filled, as a rule) writes
         # nothing to them, one into a range that has a summary a WAL record (72 bytes). The
         # id's is minmax-multi: a caller's own ids (random ones, version 4) are kept in its
-        # summaries as points, instead of widening a range to match everything. Topic, type
+        # summaries as points (up to 32 values a range, then they widen it), instead of
+        # widening a range to match everything at once. Topic, type
         # and aggregate filters read the newest events first, or a time range.
         indexes = (
             models.Index(fields=("transaction_id", "position"), name="outbox_event_txid_idx"),

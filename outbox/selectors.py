@@ -27,7 +27,7 @@ from django.db.models.functions import Coalesce, Greatest, NullIf
 from django.utils import timezone
 
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
-from outbox.services.event_log import ALL_SHARDS, HELD_EVENT
+from outbox.services.event_log import ALL_SHARDS, HELD_EVENT_ROW_JOIN
 
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations
@@ -196,7 +196,7 @@ def outbox_log_backlog() -> LogBacklog:
                            next_attempt_at IS NULL AND attempts > 0 AS spent
                     FROM outbox_held_event
                 ) AS held
-                JOIN outbox_event AS event ON {HELD_EVENT}
+                JOIN outbox_event AS event ON {HELD_EVENT_ROW_JOIN}
             )
             SELECT unsent.events, held.waiting, held.spent, least(unsent.oldest, held.oldest)
             FROM unsent, held
@@ -239,7 +239,7 @@ def outbox_log_done_count() -> int:
                    - (SELECT events FROM unsent)
                    - (SELECT count(*) FROM outbox_held_event AS held
                       WHERE EXISTS (SELECT 1 FROM outbox_event AS event
-                                    WHERE {HELD_EVENT}))
+                                    WHERE {HELD_EVENT_ROW_JOIN}))
                    - (SELECT count(*) FROM discarded
                       WHERE EXISTS (SELECT 1 FROM outbox_event AS event
                                     WHERE event.id = discarded.event_id)

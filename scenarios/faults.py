@@ -267,6 +267,8 @@ def redis_refuses() -> bool:
         client.ping()
     except redis.exceptions.ConnectionError:
         return True
+    except redis.exceptions.TimeoutError:
+        return False  # accepted and silent: not the refusal a stopped Redis gives
     finally:
         client.close()
     return False
@@ -280,3 +282,5 @@ def kafka_refuses(node: int) -> bool:
             return False
     except ConnectionRefusedError:
         return True
+    except OSError:
+        return False  # a timeout or another failure: not the refusal of a killed broker

@@ -237,8 +237,9 @@ def run_selected_action(
         "action": request.POST.get("action", ""),
         "select_across": request.POST.get("select_across") == "1",
         "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
-        # The rows are counted once the reason is given; a page of selected rows is small.
-        "count": queryset.count(),
+        # "Select all" may name millions of rows: counted no further than an action may go.
+        "count": rows_counted_up_to(queryset, limit=settings.CONSOLE_BULK_MAX_ROWS),
+        "count_limit": settings.CONSOLE_BULK_MAX_ROWS,
         "verb": verb,
         "reason": reason or "",
         "reason_error": reason_error,

@@ -189,7 +189,8 @@ class InboxMessageAdmin(DeliveryAdmin):
             columns=("When (UTC)", "Outcome", "Duration", "Record", "Member", "Handler", "Error"),
             lines=lines,
             more=len(attempts) > ATTEMPTS_SHOWN,
-            api_url=reverse("inbox-message-attempts", args=[message.pk]),
+            api_view="inbox-message-attempts",
+            pk=message.pk,
             note=note,
         )
 

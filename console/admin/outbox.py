@@ -383,7 +383,8 @@ class OutboxEventAdmin(DeliveryAdmin):
             columns=("When", "Outcome", "Placement", "Relay", "Error"),
             lines=lines,
             more=len(records) > ATTEMPTS_SHOWN,
-            api_url=reverse("outbox-event-attempts", args=[event.pk]),
+            api_view="outbox-event-attempts",
+            pk=event.pk,
         )
 
     @display(description="Inbox rows with this event id, in every consumer group")

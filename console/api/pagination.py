@@ -61,3 +61,8 @@ class ConsoleCursorPagination(CursorPagination):
             low, high = connection.ops.integer_field_range(field.get_internal_type())
             if not low <= value <= high:
                 raise _invalid_cursor()
+
+
+class AttemptPagination(ConsoleCursorPagination):
+    # Oldest first: the attempts of one event or message, in the order they were written.
+    ordering = "id"

@@ -428,7 +428,7 @@ def held_heads_due(
 
 # A held event's row, found through the relay's index of commit order (outbox_event_txid_idx):
 # the event table has no B-tree on the id.
-HELD_EVENT = (
+HELD_EVENT_ROW_JOIN = (
     "event.txid = held.event_transaction_id::text::xid8 AND event.position = held.event_position"
 )
 
@@ -442,7 +442,7 @@ def held_events_read(*, topic: str, key: str, limit: int) -> list[LogEvent]:
                    event.payload::text, event.headers, event.topic, event.key, event.created_at,
                    held.transaction_id::text, held.position, held.shard
             FROM outbox_held_event AS held
-            JOIN outbox_event AS event ON {HELD_EVENT}
+            JOIN outbox_event AS event ON {HELD_EVENT_ROW_JOIN}
             WHERE held.topic = %s AND held.key = %s
             ORDER BY held.transaction_id, held.position
             LIMIT %s
@@ -459,7 +459,7 @@ def held_orphans_drop(*, topic: str, key: str) -> None:
             f"""
             DELETE FROM outbox_held_event AS held
             WHERE held.topic = %s AND held.key = %s
-              AND NOT EXISTS (SELECT 1 FROM outbox_event AS event WHERE {HELD_EVENT})
+              AND NOT EXISTS (SELECT 1 FROM outbox_event AS event WHERE {HELD_EVENT_ROW_JOIN})
             """,  # noqa: S608 (constants; values are parameters)
             [topic, key],
         )

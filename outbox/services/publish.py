@@ -156,9 +156,10 @@ RETURNING position, txid::text
 # A caller's own event id may repeat one already recorded. The event table, partitioned by
 # day, has no unique index on the id. The given ids' table has one (migration 0015 copied
 # there the ids of the events from before partitioning), and a concurrent publish of the same
-# id waits for this transaction there. An id publish() drew itself is not in that table: a
-# time-ordered id is looked for among the events of its own millisecond (one partition, a few
-# pages), any other id cannot be one publish() drew. The statement does not fail, so the
+# id waits for this transaction there. An id drawn from the clock (by publish(), or by the
+# model's default) is not in that table: a time-ordered id is looked for among the events of
+# its own time (outbox.ids.drawn_time_range: one partition, a few BRIN ranges); any other id
+# was never drawn. The statement does not fail, so the
 # caller's transaction stays usable after a DuplicateEvent. An id publish() draws, new, skips
 # it.
 CLAIM_GIVEN_ID_SQL = """

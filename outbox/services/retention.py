@@ -38,8 +38,9 @@ AND NOT EXISTS (
     WHERE record.event_id = event.id AND record.outcome IN ('PUBLISHED', 'DISCARDED')
 )
 """
-# Whether the event of the statement's one event table is held. The held set is small: each
-# of its events is looked up by the id index (a semi-join could read the whole partition).
+# Whether the event of the statement's one event table is held. The held set is small: its
+# ids are looked up in the BRIN index on the id of the partition (a semi-join could read the
+# whole partition).
 HELD = "id = ANY(ARRAY(SELECT event_id FROM outbox_held_event))"
 
 # Whether the relay is done with every event of a partition but those held. It runs again

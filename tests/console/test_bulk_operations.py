@@ -6,13 +6,20 @@ from typing import Any
 
 import pytest
 from django.core.checks import run_checks
+from django.db import connection
 from django.test import Client
 
-from console.bulk_operations import bulk_action_run, bulk_operation_cancel, bulk_operation_run
+from console.bulk_operations import (
+    RUN_LOCK_NAMESPACE,
+    bulk_action_run,
+    bulk_operation_cancel,
+    bulk_operation_run,
+)
 from console.models import BulkOperation, BulkOperationChunk, OperatorAction
 from console.operations import ACTIONS, ActionSpec, ReasonRequired
 from outbox.models import OutboxEvent
 from outbox.selectors import outbox_events_with_delivery
+from tests.conftest import connect_outside_django
 from tests.console.conftest import VIEW_PERMISSIONS, client_for
 
 pytestmark = pytest.mark.django_db
@@ -112,12 +119,27 @@ def test_an_admin_list_action_asks_for_the_reason_first(operator, make_event):
     confirm = client.post(EVENTS_ADMIN, selection)
     assert confirm.status_code == 200
     assert 'id="confirm-selected"' in confirm.content.decode()
+    assert "Retry 2 rows" in confirm.content.decode()
     assert failed_in_topic("bulk.orders") == 2
     assert not OperatorAction.objects.exists()
     done = client.post(EVENTS_ADMIN, {**selection, "reason": "INC-7"}, follow=True)
     assert "Retry: 2 of 2 selected" in done.content.decode()
     assert failed_in_topic("bulk.orders") == 0
     assert OperatorAction.objects.get().reason == "INC-7"
+
+
+def test_the_reason_page_counts_all_rows_selected_no_further_than_an_action_goes(
+    operator, make_event, settings
+):
+    settings.CONSOLE_BULK_MAX_ROWS = 2
+    events = [make_event(OutboxEvent.Status.FAILED, topic="bulk.orders") for _ in range(3)]
+    selection = {
+        "action": "retry_selected",
+        "select_across": "1",
+        "_selected_action": [str(events[0].pk)],
+    }
+    confirm = logged_in(operator).post(EVENTS_ADMIN, selection)
+    assert "More than 2 outbox events selected" in confirm.content.decode()
 
 
 def test_a_small_set_runs_at_once_and_is_recorded_as_a_finished_operation(operator, make_event):
@@ -253,6 +275,32 @@ def test_a_cancel_during_the_run_stops_it_before_the_next_chunk(operator, five_f
     assert operation.audit.chunks_pending == 0
     cancel = OperatorAction.objects.get(action=Action.BULK_CANCEL)
     assert (cancel.object_ids, cancel.note) == ([str(operation.pk)], "wrong topic")
+
+
+def test_a_second_run_does_nothing_while_another_holds_the_operation(operator, five_failed):
+    operation = queued_retry(operator, five_failed)
+    with connect_outside_django(connection.settings_dict) as other_worker:
+        other_worker.execute("SELECT pg_advisory_lock(%s, %s)", [RUN_LOCK_NAMESPACE, operation.pk])
+        bulk_operation_run(operation_id=operation.pk, sleep=lambda seconds: None)
+        operation.refresh_from_db()
+        assert (operation.status, operation.chunks_done) == (Status.QUEUED, 0)
+        assert failed_in_topic("bulk.orders") == 5
+    # That worker gone, its lock went with its connection: a redelivery runs it.
+    bulk_operation_run(operation_id=operation.pk, sleep=lambda seconds: None)
+    operation.refresh_from_db()
+    assert (operation.status, operation.chunks_done) == (Status.DONE, 3)
+
+
+def test_a_running_operation_whose_worker_died_is_cancelled_at_once(operator, five_failed):
+    operation = queued_retry(operator, five_failed)
+    # Claimed by a worker that died: RUNNING, and no run holds it.
+    BulkOperation.objects.filter(pk=operation.pk).update(status=Status.RUNNING)
+
+    cancelled = bulk_operation_cancel(user=operator, operation=operation, source="api")
+
+    assert cancelled.status == Status.CANCELLED
+    assert not BulkOperationChunk.objects.exists()
+    assert failed_in_topic("bulk.orders") == 5
 
 
 def test_the_api_cancels_a_queued_operation_at_once_and_then_refuses(operator, five_failed):

@@ -77,3 +77,16 @@ def test_the_admin_points_to_the_attempts_under_the_prefix(admin_user, make_even
         f"Only the first 2 attempts are shown; the API's /ops/api/outbox/events/{event.pk}"
         "/attempts/ lists them all." in page.content.decode()
     )
+
+
+@pytest.mark.urls("tests.console.admin_only_urls")
+def test_the_admin_pages_work_without_the_api(admin_user, make_event, monkeypatch):
+    monkeypatch.setattr("console.admin.outbox.ATTEMPTS_SHOWN", 2)
+    event = make_event()
+    for _ in range(3):
+        deliver(event, "FAILED", error="MSG_TIMED_OUT: Local: Message timed out")
+    client = Client()
+    client.force_login(admin_user)
+    page = client.get(reverse("admin:outbox_outboxevent_change", args=[event.pk]))
+    assert page.status_code == 200
+    assert "Only the first 2 attempts are shown.</p>" in page.content.decode()

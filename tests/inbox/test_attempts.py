@@ -161,7 +161,7 @@ def test_a_redelivery_runs_again_with_deduplication_off_and_is_an_attempt(applie
 
 
 @pytest.mark.django_db
-def test_poison_parked_and_duplicate_messages_have_no_attempts(applied):
+def test_an_unknown_event_type_and_a_duplicate_in_the_batch_have_no_attempts(applied):
     event = Event()
     with override_app_settings("INBOX", UNKNOWN_EVENT_TYPE="fail"):
         record_batch(records([Event(event_type="Unknown"), event, event]))

@@ -190,7 +190,8 @@ def test_a_given_event_id_is_used_once_across_transactions_and_partitions():
         outbox.publish(**event, event_id=event_id)
     with transaction.atomic(), pytest.raises(DuplicateEvent):
         outbox.publish(**event, event_id=event_id)
-    # An id recorded before the given ids had a table of their own is found in the events.
+    # An event made by other means than publish() (the ORM, whose default draws a
+    # time-ordered id) is found among the events of its id's time.
     older = OutboxEvent.objects.create(**event, topic="t", key="k")
     with transaction.atomic(), pytest.raises(DuplicateEvent):
         outbox.publish(**event, event_id=older.pk)

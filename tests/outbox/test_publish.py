@@ -146,7 +146,7 @@ def test_a_reused_event_id_raises_duplicate_event_and_keeps_the_transaction_usab
 
 def test_an_id_publish_drew_cannot_be_given_again():
     """Drawn ids are not in the given ids' table: publish() looks for a time-ordered id among
-    the events of its millisecond."""
+    the events of its time."""
     with transaction.atomic():
         drawn = outbox.publish(**EVENT)
     unused = time_ordered_event_id(drawn.created_at)

@@ -21,7 +21,7 @@ from console.api.inbox.serializers import (
     InboxMessageDetailSerializer,
     InboxMessageListSerializer,
 )
-from console.api.pagination import ConsoleCursorPagination
+from console.api.pagination import AttemptPagination, ConsoleCursorPagination
 from console.api.permissions import view_permission
 from console.api.serializers import (
     ActionInputSerializer,
@@ -47,11 +47,6 @@ BULK_REQUEST = bulk_request_schema(
 
 class InboxCursorPagination(ConsoleCursorPagination):
     ordering = "-received_at"
-
-
-class InboxAttemptPagination(ConsoleCursorPagination):
-    # Oldest first: the attempts of one message, in the order they were written.
-    ordering = "id"
 
 
 class InboxMessageViewSet(viewsets.ReadOnlyModelViewSet):
@@ -113,7 +108,7 @@ class InboxMessageViewSet(viewsets.ReadOnlyModelViewSet):
     @action(
         detail=True,
         methods=["get"],
-        pagination_class=InboxAttemptPagination,
+        pagination_class=AttemptPagination,
         filter_backends=[],
     )
     def attempts(self, request: Request, pk: str | None = None) -> Response:

@@ -22,7 +22,7 @@ from console.api.outbox.serializers import (
     OutboxEventListSerializer,
     ReplayInputSerializer,
 )
-from console.api.pagination import ConsoleCursorPagination
+from console.api.pagination import AttemptPagination, ConsoleCursorPagination
 from console.api.permissions import view_permission
 from console.api.serializers import (
     ActionInputSerializer,
@@ -57,11 +57,6 @@ class OutboxCursorPagination(ConsoleCursorPagination):
     # Newest first, by the relay's index (outbox.models.OutboxEvent.Meta); the cursor holds a
     # transaction id, and an offset among the events of one transaction.
     ordering = ("-transaction_id", "-position")
-
-
-class DeliveryAttemptPagination(ConsoleCursorPagination):
-    # Oldest first: the records of one event, in the order the relay wrote them.
-    ordering = "id"
 
 
 class OutboxEventViewSet(viewsets.ReadOnlyModelViewSet):
@@ -127,7 +122,7 @@ class OutboxEventViewSet(viewsets.ReadOnlyModelViewSet):
     @action(
         detail=True,
         methods=["get"],
-        pagination_class=DeliveryAttemptPagination,
+        pagination_class=AttemptPagination,
         filter_backends=[],
     )
     def attempts(self, request: Request, pk: str | None = None) -> Response:
