@@ -105,6 +105,13 @@ def detail_pages(user: User, event: OutboxEvent, message: InboxMessage) -> list[
     return pages
 
 
+def logged_in(user: User) -> Client:
+    """A Django test client with `user`'s admin session."""
+    client = Client()
+    client.force_login(user)
+    return client
+
+
 def client_for(user: User) -> APIClient:
     client = APIClient()
     client.force_authenticate(user)

@@ -3,25 +3,18 @@ its permission, the retry of everything matching a filter, and the audit log."""
 
 import pytest
 from django.db import connection
-from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from console.models import BulkOperation, OperatorAction
 from inbox.models import InboxMessage
 from outbox.models import OutboxEvent
 from outbox.selectors import outbox_event_delivered, outbox_events_with_delivery
-from tests.console.conftest import VIEW_PERMISSIONS, hold
+from tests.console.conftest import VIEW_PERMISSIONS, hold, logged_in
 
 pytestmark = pytest.mark.django_db
 
 EVENTS = "/admin/outbox/outboxevent/"
 MESSAGES = "/admin/inbox/inboxmessage/"
-
-
-def logged_in(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def delivery(event):

@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 from django.core.checks import run_checks
 from django.db import connection
-from django.test import Client
 
 from console.bulk_operations import (
     RUN_LOCK_NAMESPACE,
@@ -20,7 +19,7 @@ from console.operations import ACTIONS, ActionSpec, ReasonRequired
 from outbox.models import OutboxEvent
 from outbox.selectors import outbox_events_with_delivery
 from tests.conftest import connect_outside_django
-from tests.console.conftest import VIEW_PERMISSIONS, client_for
+from tests.console.conftest import VIEW_PERMISSIONS, client_for, logged_in
 
 pytestmark = pytest.mark.django_db
 
@@ -28,12 +27,6 @@ Action = OperatorAction.Action
 Status = BulkOperation.Status
 EVENTS_API = "/api/outbox/events/"
 EVENTS_ADMIN = "/admin/outbox/outboxevent/"
-
-
-def logged_in(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def failed_in_topic(topic: str) -> int:

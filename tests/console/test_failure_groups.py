@@ -3,14 +3,13 @@ with its count, first and last seen and a sample; retrying or discarding a group
 count first, acts on that group alone, and is audited."""
 
 import pytest
-from django.test import Client
 
 from console.models import OperatorAction
 from console.selectors import NO_ERROR_TEXT, failure_groups
 from inbox.models import InboxMessage
 from outbox.models import OutboxEvent
 from outbox.selectors import outbox_event_delivered
-from tests.console.conftest import ACTION_PERMISSIONS, VIEW_PERMISSIONS
+from tests.console.conftest import ACTION_PERMISSIONS, VIEW_PERMISSIONS, logged_in
 
 pytestmark = pytest.mark.django_db
 
@@ -18,12 +17,6 @@ EVENTS = "/admin/outbox/outboxevent/"
 MESSAGES = "/admin/inbox/inboxmessage/"
 TOO_LARGE = "MSG_SIZE_TOO_LARGE: Broker: Message size too large"
 TIMED_OUT = "MSG_TIMED_OUT: Local: Message timed out"
-
-
-def logged_in(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture

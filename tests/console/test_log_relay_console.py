@@ -11,7 +11,6 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
-from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -20,17 +19,11 @@ from outbox.models import OutboxDelivery, OutboxHeldEvent
 from outbox.producer import close_producers
 from outbox.services.event_log import shard_of
 from tests.conftest import event_row_place, publish_numbered
-from tests.console.conftest import VIEW_PERMISSIONS, client_for
+from tests.console.conftest import VIEW_PERMISSIONS, client_for, logged_in
 from tests.outbox.conftest import consume_all
 
 ADMIN = "/admin/outbox/outboxevent/"
 API = "/api/outbox/events/"
-
-
-def logged_in(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def record(event, outcome, *, at=None, partition=None, offset=None, error="", relay="relay-1"):

@@ -15,6 +15,7 @@ from console.logins import login_lockout_unlock, login_lockouts_with_state
 from console.models import LoginLockout, OperatorAction
 from console.operations import NotPermitted
 from console.security import login_client_address
+from tests.console.conftest import logged_in
 
 LOGIN = "/admin/login/"
 LOCKOUTS = "/admin/console/loginlockout/"
@@ -50,12 +51,6 @@ def is_logged_in(client: Client) -> bool:
 
 def fail(client: Client, username: str, times: int = 1, **headers) -> list[int]:
     return [log_in(client, username, "wrong", **headers).status_code for _ in range(times)]
-
-
-def logged_in(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def assert_locked_out_page(response, settings) -> None:

@@ -12,7 +12,7 @@ from django.urls import reverse
 from console.api.middleware import is_api_path
 from inbox.models import InboxMessage
 from outbox.models import OutboxEvent
-from tests.console.conftest import client_for, deliver
+from tests.console.conftest import client_for, deliver, logged_in
 
 pytestmark = pytest.mark.urls("tests.console.prefixed_urls")
 
@@ -64,29 +64,26 @@ def test_the_admin_pages_are_on_the_default_admin_site(admin_user):
     assert client.get(reverse("admin:outbox_outboxevent_changelist")).status_code == 200
 
 
-def test_the_admin_points_to_the_attempts_under_the_prefix(admin_user, make_event, monkeypatch):
+def event_page_with_more_attempts_than_shown(admin_user, make_event, monkeypatch) -> tuple:
+    """The admin page of an event with three attempts, of which it shows two."""
     monkeypatch.setattr("console.admin.outbox.ATTEMPTS_SHOWN", 2)
     event = make_event()
     for _ in range(3):
         deliver(event, "FAILED", error="MSG_TIMED_OUT: Local: Message timed out")
-    client = Client()
-    client.force_login(admin_user)
-    page = client.get(reverse("admin:outbox_outboxevent_change", args=[event.pk]))
+    page = logged_in(admin_user).get(reverse("admin:outbox_outboxevent_change", args=[event.pk]))
     assert page.status_code == 200
+    return event, page.content.decode()
+
+
+def test_the_admin_points_to_the_attempts_under_the_prefix(admin_user, make_event, monkeypatch):
+    event, page = event_page_with_more_attempts_than_shown(admin_user, make_event, monkeypatch)
     assert (
         f"Only the first 2 attempts are shown; the API's /ops/api/outbox/events/{event.pk}"
-        "/attempts/ lists them all." in page.content.decode()
+        "/attempts/ lists them all." in page
     )
 
 
 @pytest.mark.urls("tests.console.admin_only_urls")
 def test_the_admin_pages_work_without_the_api(admin_user, make_event, monkeypatch):
-    monkeypatch.setattr("console.admin.outbox.ATTEMPTS_SHOWN", 2)
-    event = make_event()
-    for _ in range(3):
-        deliver(event, "FAILED", error="MSG_TIMED_OUT: Local: Message timed out")
-    client = Client()
-    client.force_login(admin_user)
-    page = client.get(reverse("admin:outbox_outboxevent_change", args=[event.pk]))
-    assert page.status_code == 200
-    assert "Only the first 2 attempts are shown.</p>" in page.content.decode()
+    _, page = event_page_with_more_attempts_than_shown(admin_user, make_event, monkeypatch)
+    assert "Only the first 2 attempts are shown.</p>" in page
