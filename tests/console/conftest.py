@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.cache import cache
-from django.db import connection, transaction
+from django.db import transaction
 from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -118,26 +118,20 @@ def client_for(user: User) -> APIClient:
     return client
 
 
-def _transaction_id(event: OutboxEvent) -> int:
-    """The id of the transaction that wrote `event` (PostgreSQL's, not a model field)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT txid::text::bigint FROM outbox_event WHERE id = %s", [event.pk])
-        return int(cursor.fetchone()[0])
-
-
 def hold(
     event: OutboxEvent, *, attempts: int = 0, next_attempt_at: Any = None, error: str = ""
 ) -> OutboxHeldEvent:
     """Holds `event` as the relay does: a failed head with its attempts, or (no attempts) an
-    event queued behind its key's head."""
+    event queued behind its key's head, at the place of its own row."""
+    row = event_row_place(event)
     return OutboxHeldEvent.objects.create(
         event_id=event.pk,
         shard=shard_of(event.key),
         topic=event.topic,
         key=event.key,
-        transaction_id=_transaction_id(event),
-        position=event.position,
-        **event_row_place(event),
+        transaction_id=row["event_transaction_id"],
+        position=row["event_position"],
+        **row,
         attempts=attempts,
         next_attempt_at=next_attempt_at,
         last_error=error,
