@@ -2,6 +2,7 @@
 install on loopback, and `manage.py analytics_run` with SPARK_MASTER=spark://... in its own
 process (one SparkContext per process: the suite's local session stays where it is)."""
 
+import contextlib
 import json
 import os
 import socket
@@ -27,10 +28,15 @@ START_TIMEOUT_SECONDS = 60
 JOB_TIMEOUT_SECONDS = 300
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def _free_ports(count: int) -> list[int]:
+    """Ports free now and different from each other: every probe stays bound until all are
+    drawn (one probe at a time can draw the same port twice, and then the worker's UI can take
+    the port the test reads as the master's)."""
+    with contextlib.ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
 
 
 def _spark_env() -> dict[str, str]:
@@ -47,14 +53,15 @@ def _alive_workers(ui_port: int) -> int:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=2) as answer:
             return int(json.load(answer).get("aliveworkers", 0))
-    except OSError:
+    except (OSError, ValueError):
+        # Not up yet, or not the master's UI (a page that is not JSON): the deadline decides.
         return 0
 
 
 @pytest.fixture
 def standalone_cluster(tmp_path: Path) -> Iterator[str]:
     """A master and one worker (1 core, 1 GB), stopped afterwards; yields the master URL."""
-    port, ui_port, worker_ui_port = _free_port(), _free_port(), _free_port()
+    port, ui_port, worker_ui_port = _free_ports(3)
     spark_class = str(SPARK_HOME / "bin" / "spark-class")
     master_url = f"spark://127.0.0.1:{port}"
     logs = {name: (tmp_path / f"{name}.log").open("wb") for name in ("master", "worker")}
