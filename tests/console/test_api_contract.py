@@ -76,6 +76,15 @@ Status = OutboxEvent.Status
 
 # A key held in the group "billing", which keeps order per key: a FAILED head, one parked.
 HELD_KEY = {"consumer_group": "billing", "topic": "console.orders", "key": "order-1"}
+# A failure group of each side among the rows below (their fixtures' errors and topic).
+FAILURE_GROUPS = {
+    "/api/outbox/failure-groups/": {"error_class": "MSG_TIMED_OUT", "topic": "console.orders"},
+    "/api/inbox/failure-groups/": {
+        "error_class": "demo.errors.DemoFailure",
+        "topic": "console.orders",
+        "consumer_group": "audit",
+    },
+}
 
 
 def _ids(model: type[Model], run: AnalyticsRun) -> list[str]:
@@ -190,14 +199,19 @@ def test_the_fuzzed_schema_is_the_served_one(token: str) -> None:
 def test_every_operation_keeps_its_documented_contract(
     case: Case, data: st.DataObject, app: WSGIHandler, rows: dict[str, list[str]], token: str
 ) -> None:
-    # Half the time, details and actions name a row that exists (in one of its states), and
-    # the held keys' actions the held key; the other half, what the generator made.
+    # Half the time, details and actions name a row that exists (in one of its states), the
+    # held keys' actions the held key and the failure groups' actions a group; the other half,
+    # what the generator made.
     known = next((ids for prefix, ids in rows.items() if case.path.startswith(prefix)), [])
     if "id" in (case.path_parameters or {}) and known and data.draw(st.booleans(), "a known id"):
         case.path_parameters = {**case.path_parameters, "id": data.draw(st.sampled_from(known))}
     held_key_action = case.path.startswith("/api/inbox/held-keys/") and case.method == "POST"
     if held_key_action and isinstance(case.body, dict) and data.draw(st.booleans(), "held key"):
         case.body = {**case.body, **HELD_KEY}
+    group = next((g for prefix, g in FAILURE_GROUPS.items() if case.path.startswith(prefix)), {})
+    group_action = bool(group) and case.method == "POST"
+    if group_action and isinstance(case.body, dict) and data.draw(st.booleans(), "failure group"):
+        case.body = {**case.body, **group}
     # Throttling has its own tests; here every request must reach its view.
     cache.clear()
     case.call_and_validate(
