@@ -50,7 +50,8 @@ from analytics.models import (
     ReconciliationFinding,
     RelayStat,
 )
-from console.models import ApiToken
+from console.bulk_operations import bulk_action_run
+from console.models import ApiToken, OperatorAction
 from console.tokens import api_token_create
 from inbox.models import InboxMessage
 from outbox.models import OutboxEvent
@@ -93,6 +94,31 @@ def _ids(model: type[Model], run: AnalyticsRun) -> list[str]:
     ]
 
 
+def _bulk_operations(events: list[OutboxEvent], settings: Any) -> list[str]:
+    """A bulk operation queued (two chunks) and one done in its request."""
+    operator = User.objects.create_superuser(username="bulk-operator", password="pw")
+    chunk_size = settings.CONSOLE_BULK_CHUNK_SIZE
+    settings.CONSOLE_BULK_CHUNK_SIZE = 1
+    try:
+        queued = bulk_action_run(
+            user=operator,
+            action=OperatorAction.Action.OUTBOX_RETRY,
+            source="api",
+            reason="contract",
+            ids=[event.pk for event in events[:2]],
+        )
+    finally:
+        settings.CONSOLE_BULK_CHUNK_SIZE = chunk_size
+    done = bulk_action_run(
+        user=operator,
+        action=OperatorAction.Action.OUTBOX_DISCARD,
+        source="api",
+        reason="contract",
+        ids=[events[2].pk],
+    )
+    return [str(queued.bulk_operation.pk), str(done.bulk_operation.pk)]
+
+
 @pytest.fixture
 def rows(
     make_event: Callable[..., OutboxEvent],
@@ -122,6 +148,7 @@ def rows(
     ]
     run = result_run()
     return {
+        "/api/bulk-operations/": _bulk_operations(events, settings),
         "/api/outbox/events/": [str(event.pk) for event in events],
         "/api/inbox/messages/": [str(message.pk) for message in messages],
         "/api/analytics/runs/": [str(run.pk)],

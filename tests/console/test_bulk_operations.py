@@ -2,11 +2,14 @@
 as an operation in chunks under the rate cap, shows its progress and can be cancelled between
 two chunks, in the admin and in the API."""
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.core.checks import run_checks
 from django.db import connection
+from django.utils import timezone
+from rest_framework.test import APIClient
 
 from console.bulk_operations import (
     RUN_LOCK_NAMESPACE,
@@ -27,6 +30,7 @@ Action = OperatorAction.Action
 Status = BulkOperation.Status
 EVENTS_API = "/api/outbox/events/"
 EVENTS_ADMIN = "/admin/outbox/outboxevent/"
+OPERATIONS_API = "/api/bulk-operations/"
 
 
 def failed_in_topic(topic: str) -> int:
@@ -369,3 +373,108 @@ def test_a_bulk_setting_out_of_range_is_a_system_check_error(settings, name, val
     settings.__setattr__(name, value)
     errors = [message for message in run_checks() if message.id == "console.E003"]
     assert [name in error.msg for error in errors] == [True]
+
+
+# --- the list ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def three_operations(operator, five_failed, make_message) -> list[BulkOperation]:
+    """A queued outbox retry, a cancelled outbox discard and a finished inbox discard, created
+    an hour apart, oldest first."""
+    retry = queued_retry(operator, five_failed[:3])
+    discard = bulk_action_run(
+        user=operator,
+        action=Action.OUTBOX_DISCARD,
+        source="api",
+        reason="wrong topic",
+        ids=[event.pk for event in five_failed[2:]],
+    ).bulk_operation
+    bulk_operation_cancel(user=operator, operation=discard, source="api")
+    message = make_message("FAILED")
+    inbox = bulk_action_run(
+        user=operator, action=Action.INBOX_DISCARD, source="api", reason="stale", ids=[message.pk]
+    ).bulk_operation
+    operations = [retry, discard, inbox]
+    now = timezone.now()
+    for hours_ago, operation in zip((3, 2, 1), operations, strict=True):
+        BulkOperation.objects.filter(pk=operation.pk).update(
+            created_at=now - timedelta(hours=hours_ago)
+        )
+        operation.refresh_from_db()
+    return operations
+
+
+def test_the_list_is_newest_first_and_paginated_by_cursor(operator, three_operations):
+    client = client_for(operator)
+    response = client.get(OPERATIONS_API)
+    assert response.status_code == 200, response.content
+    listed = response.json()["results"]
+    assert [row["id"] for row in listed] == [op.pk for op in reversed(three_operations)]
+    assert [row["status"] for row in listed] == ["DONE", "CANCELLED", "QUEUED"]
+    assert listed[2]["reason"] == "broker quota raised"
+    assert listed[0]["action"] == "inbox.discard"
+    first = client.get(OPERATIONS_API, {"page_size": 2}).json()
+    second = client.get(first["next"]).json()
+    assert [row["id"] for row in first["results"] + second["results"]] == [
+        op.pk for op in reversed(three_operations)
+    ]
+    assert second["next"] is None
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ({"status": "QUEUED"}, [0]),
+        ({"status": "CANCELLED"}, [1]),
+        ({"action": "outbox.discard"}, [1]),
+        ({"model": "outbox.OutboxEvent"}, [1, 0]),
+        ({"model": "inbox.InboxMessage"}, [2]),
+        ({"created_after": "HOURS_AGO_2_5"}, [2, 1]),
+        ({"created_before": "HOURS_AGO_1_5"}, [1, 0]),
+        ({"created_after": "HOURS_AGO_2_5", "created_before": "HOURS_AGO_1_5"}, [1]),
+    ],
+)
+def test_the_list_filters_by_status_action_model_and_creation(
+    operator, three_operations, query, expected
+):
+    now = timezone.now()
+    times = {
+        "HOURS_AGO_2_5": now - timedelta(hours=2.5),
+        "HOURS_AGO_1_5": now - timedelta(hours=1.5),
+    }
+    query = {
+        key: times[value].isoformat() if value in times else value for key, value in query.items()
+    }
+    response = client_for(operator).get(OPERATIONS_API, query)
+    assert response.status_code == 200, response.content
+    assert [row["id"] for row in response.json()["results"]] == [
+        three_operations[index].pk for index in expected
+    ]
+
+
+@pytest.mark.parametrize(
+    ("query", "code"),
+    [
+        ({"status": "LOST"}, "validation_error"),
+        ({"action": "outbox.release_key"}, "validation_error"),
+        ({"created_after": "yesterday"}, "validation_error"),
+        ({"created_after": "2026-03-01T00:00:00+22:00"}, "validation_error"),
+        ({"stauts": "DONE"}, "unknown_filter"),
+        ({"cursor": "not a cursor"}, "invalid_cursor"),
+    ],
+)
+def test_a_bad_list_query_is_a_400_with_a_code(operator, three_operations, query, code):
+    response = client_for(operator).get(OPERATIONS_API, query)
+    assert response.status_code == 400, response.content
+    assert response.json()["code"] == code
+
+
+def test_the_list_holds_only_the_operations_on_models_the_user_may_read(
+    make_user, three_operations
+):
+    inbox_reader = client_for(make_user("inbox.view_inboxmessage"))
+    listed = inbox_reader.get(OPERATIONS_API).json()["results"]
+    assert [row["id"] for row in listed] == [three_operations[2].pk]
+    assert client_for(make_user()).get(OPERATIONS_API).json()["results"] == []
+    assert APIClient().get(OPERATIONS_API).status_code in (401, 403)
