@@ -13,12 +13,16 @@ from rest_framework.test import APIClient
 
 from console.bulk_operations import (
     RUN_LOCK_NAMESPACE,
+    Reaped,
+    _apply_next_chunk,
     bulk_action_run,
     bulk_operation_cancel,
     bulk_operation_run,
+    bulk_operations_reap,
 )
 from console.models import BulkOperation, BulkOperationChunk, OperatorAction
 from console.operations import ACTIONS, ActionSpec, ReasonRequired
+from console.tasks import reap_bulk_operations
 from outbox.models import OutboxEvent
 from outbox.selectors import outbox_events_with_delivery
 from tests.conftest import connect_outside_django
@@ -367,6 +371,7 @@ def test_the_service_refuses_a_blank_reason(operator, make_event):
         ("CONSOLE_BULK_MAX_ROWS", -1),
         ("CONSOLE_BULK_MAX_ROWS_PER_SECOND", -5),
         ("CONSOLE_BULK_MAX_ROWS_PER_SECOND", "fast"),
+        ("CONSOLE_BULK_MAX_RESUMES", -1),
     ],
 )
 def test_a_bulk_setting_out_of_range_is_a_system_check_error(settings, name, value):
@@ -478,3 +483,105 @@ def test_the_list_holds_only_the_operations_on_models_the_user_may_read(
     assert [row["id"] for row in listed] == [three_operations[2].pk]
     assert client_for(make_user()).get(OPERATIONS_API).json()["results"] == []
     assert APIClient().get(OPERATIONS_API).status_code in (401, 403)
+
+
+# --- the reaper: operations whose worker died ---------------------------------------------------
+
+
+def claimed_by_a_dead_worker(operator, events, *, chunks_applied: int = 0) -> BulkOperation:
+    """A queued retry that a worker claimed, applied `chunks_applied` chunks of, and died:
+    RUNNING, and no run holds it."""
+    operation = queued_retry(operator, events)
+    for _ in range(chunks_applied):
+        _apply_next_chunk(BulkOperation.objects.select_related("audit").get(pk=operation.pk))
+    BulkOperation.objects.filter(pk=operation.pk).update(
+        status=Status.RUNNING, started_at=timezone.now()
+    )
+    return operation
+
+
+def test_a_running_operation_whose_worker_died_is_resumed_where_it_stopped(
+    operator, five_failed, django_capture_on_commit_callbacks
+):
+    operation = claimed_by_a_dead_worker(operator, five_failed, chunks_applied=1)
+    assert failed_in_topic("bulk.orders") == 3
+
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        reap_bulk_operations.apply()
+    operation.refresh_from_db()
+    assert (operation.status, operation.resumes, operation.chunks_done) == (Status.QUEUED, 1, 1)
+    assert len(callbacks) == 1  # the run's task, sent once the reap commits
+
+    for callback in callbacks:  # Celery runs the task eagerly in tests
+        callback()
+    operation.refresh_from_db()
+    assert (operation.status, operation.chunks_done, operation.rows_done) == (Status.DONE, 3, 5)
+    assert operation.rows_changed == 5
+    assert failed_in_topic("bulk.orders") == 0
+    assert not BulkOperationChunk.objects.exists()
+
+
+def test_a_running_operation_whose_run_is_alive_is_left_alone_until_it_dies(
+    operator, five_failed, django_capture_on_commit_callbacks
+):
+    operation = claimed_by_a_dead_worker(operator, five_failed)
+    with connect_outside_django(connection.settings_dict) as live_worker:
+        live_worker.execute("SELECT pg_advisory_lock(%s, %s)", [RUN_LOCK_NAMESPACE, operation.pk])
+        with django_capture_on_commit_callbacks(execute=False) as callbacks:
+            reaped = bulk_operations_reap()
+        assert reaped == Reaped()
+        assert callbacks == []
+        operation.refresh_from_db()
+        assert (operation.status, operation.resumes) == (Status.RUNNING, 0)
+    # That worker's session gone (the process died), its lock went with it.
+    with django_capture_on_commit_callbacks(execute=False):
+        assert bulk_operations_reap() == Reaped(resumed=[operation.pk])
+
+
+def test_an_operation_whose_worker_keeps_dying_fails_after_the_resumes_allowed(
+    operator, five_failed, settings, django_capture_on_commit_callbacks
+):
+    settings.CONSOLE_BULK_MAX_RESUMES = 2
+    operation = claimed_by_a_dead_worker(operator, five_failed, chunks_applied=1)
+    for resumes in (1, 2):
+        with django_capture_on_commit_callbacks(execute=False):
+            assert bulk_operations_reap() == Reaped(resumed=[operation.pk])
+        # A worker claims it again, and dies.
+        BulkOperation.objects.filter(pk=operation.pk).update(status=Status.RUNNING)
+        operation.refresh_from_db()
+        assert operation.resumes == resumes
+
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        assert bulk_operations_reap() == Reaped(failed=[operation.pk])
+    assert callbacks == []
+    operation.refresh_from_db()
+    assert operation.status == Status.FAILED
+    assert "died" in operation.error
+    assert "CONSOLE_BULK_MAX_RESUMES is 2" in operation.error
+    assert "the 2 left were not" in operation.error
+    assert operation.finished_at is not None
+    assert not BulkOperationChunk.objects.exists()
+    assert OperatorAction.objects.get(pk=operation.audit_id).chunks_pending == 0
+    assert failed_in_topic("bulk.orders") == 3  # the applied chunk stays applied
+
+
+def test_a_dead_operation_with_a_cancel_requested_is_cancelled(
+    operator, five_failed, django_capture_on_commit_callbacks
+):
+    operation = claimed_by_a_dead_worker(operator, five_failed)
+    BulkOperation.objects.filter(pk=operation.pk).update(cancel_requested_at=timezone.now())
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        assert bulk_operations_reap() == Reaped(cancelled=[operation.pk])
+    assert callbacks == []
+    operation.refresh_from_db()
+    assert operation.status == Status.CANCELLED
+    assert failed_in_topic("bulk.orders") == 5
+
+
+def test_beat_reaps_the_bulk_operations_every_minute(settings):
+    entries = [
+        entry
+        for entry in settings.CELERY_BEAT_SCHEDULE.values()
+        if entry["task"] == reap_bulk_operations.name
+    ]
+    assert [entry["schedule"] for entry in entries] == [60.0]
