@@ -18,6 +18,7 @@ from rest_framework.throttling import BaseThrottle
 
 from console.api.bulk import bulk_rows_response
 from console.api.exceptions import ConsoleAPIError
+from console.api.filters import RESERVED_PARAMETERS
 from console.api.permissions import view_permission
 from console.api.serializers import bulk_results_schema
 from console.models import OperatorAction
@@ -120,6 +121,13 @@ class FailureGroupViewSet(viewsets.ViewSet):
         return super().get_throttles()
 
     def _list(self, request: Request) -> Response:
+        # No filters: a parameter a client means as one must not silently return every group.
+        unknown = sorted(set(request.query_params) - RESERVED_PARAMETERS)
+        if unknown:
+            raise ConsoleAPIError(
+                "unknown_filter",
+                f"Unknown filter {', '.join(unknown)}; the failure groups take no filters.",
+            )
         groups = failure_groups(self.side)
         serializer = self.output_serializer(groups, many=True, context={"request": request})
         return Response(serializer.data)

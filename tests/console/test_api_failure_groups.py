@@ -199,3 +199,8 @@ def test_acting_on_a_group_needs_the_actions_permission(make_user, failed_events
     assert nobody.get(OUTBOX).status_code == 403
     assert nobody.get(INBOX).status_code == 200
     assert {status(event) for event in failed_events["timeout_a"]} == {"PENDING"}
+
+
+def test_the_list_takes_no_filters(viewer, failed_events):
+    response = client_for(viewer).get(OUTBOX, {"topic": "orders.b"})
+    assert (response.status_code, response.json()["code"]) == (400, "unknown_filter")
