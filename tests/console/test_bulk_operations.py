@@ -2,6 +2,8 @@
 as an operation in chunks under the rate cap, shows its progress and can be cancelled between
 two chunks, in the admin and in the API."""
 
+import subprocess
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -11,6 +13,7 @@ from django.db import connection
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from console.audit import operator_action_record
 from console.bulk_operations import (
     RUN_LOCK_NAMESPACE,
     Reaped,
@@ -27,6 +30,7 @@ from outbox.models import OutboxEvent
 from outbox.selectors import outbox_events_with_delivery
 from tests.conftest import connect_outside_django
 from tests.console.conftest import VIEW_PERMISSIONS, client_for, logged_in
+from tests.outbox.conftest import subprocess_environment, wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -576,6 +580,69 @@ def test_a_dead_operation_with_a_cancel_requested_is_cancelled(
     operation.refresh_from_db()
     assert operation.status == Status.CANCELLED
     assert failed_in_topic("bulk.orders") == 5
+
+
+def test_a_worker_killed_in_the_middle_of_a_run_is_resumed_by_the_reaper(
+    transactional_db, operator, five_failed, settings
+):
+    # Stored as bulk_action_run stores it, without sending the task (with a committing
+    # database, Celery's eager mode would run it here at once).
+    ids = [str(event.pk) for event in five_failed]
+    record = operator_action_record(
+        user=operator,
+        action=Action.OUTBOX_RETRY,
+        model="outbox.OutboxEvent",
+        source="api",
+        requested=5,
+        object_ids=ids,
+        reason="broker quota raised",
+        chunks_pending=3,
+    )
+    operation = BulkOperation.objects.create(audit=record, chunks_total=3)
+    BulkOperationChunk.objects.bulk_create(
+        BulkOperationChunk(operation=operation, index=index, object_ids=ids[index * 2 :][:2])
+        for index in range(3)
+    )
+    # A worker in another process, paced to 1 row a second: after its first chunk (2 rows) it
+    # pauses for 2 s, and is killed there.
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "manage.py",
+            "shell",
+            "-c",
+            "from console.bulk_operations import bulk_operation_run; "
+            f"bulk_operation_run(operation_id={operation.pk})",
+        ],
+        cwd=settings.BASE_DIR,
+        env=subprocess_environment(CONSOLE_BULK_MAX_ROWS_PER_SECOND="1"),
+    )
+    try:
+        wait_until(
+            lambda: BulkOperation.objects.get(pk=operation.pk).chunks_done == 1,
+            timeout=60,
+            message="the worker's first chunk",
+        )
+        # Alive, it holds the operation: the reaper leaves it alone.
+        assert bulk_operations_reap() == Reaped()
+    finally:
+        worker.kill()
+        worker.wait()
+    operation.refresh_from_db()
+    assert (operation.status, operation.chunks_done) == (Status.RUNNING, 1)
+
+    # Its session gone with it, the reaper resumes the operation; the task it sends runs here
+    # (Celery's eager mode), without the rate cap.
+    settings.CONSOLE_BULK_MAX_ROWS_PER_SECOND = 0
+    wait_until(
+        lambda: bulk_operations_reap().resumed == [operation.pk],
+        timeout=30,
+        message="the killed worker's lock to go",
+    )
+    operation.refresh_from_db()
+    assert (operation.status, operation.resumes) == (Status.DONE, 1)
+    assert (operation.chunks_done, operation.rows_done, operation.rows_changed) == (3, 5, 5)
+    assert failed_in_topic("bulk.orders") == 0
 
 
 def test_beat_reaps_the_bulk_operations_every_minute(settings):
