@@ -65,6 +65,25 @@ def queued_retry(operator, events) -> BulkOperation:
     return record.bulk_operation
 
 
+def wait_for_run_lock_release(operation_id: int) -> None:
+    """Waits until no session holds the run lock of the operation: a closed connection's
+    backend releases its locks as it exits, a moment after the client has closed it."""
+
+    def free() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_try_advisory_lock(%s, %s)", [RUN_LOCK_NAMESPACE, operation_id]
+            )
+            taken = bool(cursor.fetchone()[0])
+            if taken:
+                cursor.execute(
+                    "SELECT pg_advisory_unlock(%s, %s)", [RUN_LOCK_NAMESPACE, operation_id]
+                )
+        return taken
+
+    wait_until(free, timeout=10, message="the closed session's lock to go")
+
+
 class FakeClock:
     """time.monotonic and time.sleep of a run, without waiting: sleeping advances the clock."""
 
@@ -291,6 +310,7 @@ def test_a_second_run_does_nothing_while_another_holds_the_operation(operator, f
         assert (operation.status, operation.chunks_done) == (Status.QUEUED, 0)
         assert failed_in_topic("bulk.orders") == 5
     # That worker gone, its lock went with its connection: a redelivery runs it.
+    wait_for_run_lock_release(operation.pk)
     bulk_operation_run(operation_id=operation.pk, sleep=lambda seconds: None)
     operation.refresh_from_db()
     assert (operation.status, operation.chunks_done) == (Status.DONE, 3)
@@ -538,6 +558,7 @@ def test_a_running_operation_whose_run_is_alive_is_left_alone_until_it_dies(
         operation.refresh_from_db()
         assert (operation.status, operation.resumes) == (Status.RUNNING, 0)
     # That worker's session gone (the process died), its lock went with it.
+    wait_for_run_lock_release(operation.pk)
     with django_capture_on_commit_callbacks(execute=False):
         assert bulk_operations_reap() == Reaped(resumed=[operation.pk])
 
