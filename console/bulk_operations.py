@@ -3,14 +3,16 @@ the action applied to them a chunk at a time, each chunk in its own transaction.
 
 A set of one chunk runs in the request. A larger one becomes a BulkOperation whose chunks a
 Celery task (console.tasks.run_bulk_operation) applies under CONSOLE_BULK_MAX_ROWS_PER_SECOND,
-counting chunks and changed rows as it goes; a cancel takes effect between two chunks. Every
-bulk action needs a reason, kept in its audit entry.
+counting chunks and changed rows as it goes; a cancel takes effect between two chunks. A
+running operation whose worker died is resumed by the beat task console.reap_bulk_operations
+(bulk_operations_reap). Every bulk action needs a reason, kept in its audit entry.
 """
 
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from django.conf import settings
@@ -163,12 +165,7 @@ def bulk_action_run(
             for index, chunk in enumerate(chunks)
         )
 
-        def enqueue() -> None:
-            from console.tasks import run_bulk_operation
-
-            run_bulk_operation.delay(operation.pk)
-
-        transaction.on_commit(enqueue)
+        transaction.on_commit(lambda: _enqueue_run(operation.pk))
     return record
 
 
@@ -313,6 +310,77 @@ def bulk_operation_cancel(
             _finish(operation.pk, Status.CANCELLED)
     operation.refresh_from_db()
     return operation
+
+
+def _enqueue_run(operation_id: int) -> None:
+    from console.tasks import run_bulk_operation
+
+    run_bulk_operation.delay(operation_id)
+
+
+@dataclass(frozen=True)
+class Reaped:
+    """What bulk_operations_reap did, by operation id."""
+
+    resumed: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+    cancelled: list[int] = field(default_factory=list)
+
+
+def bulk_operations_reap() -> Reaped:
+    """Ends the wait of each RUNNING operation that no process runs any more (its worker died:
+    the run's advisory lock went with its database session). Otherwise it would show RUNNING
+    until the broker delivered its task again, if ever.
+
+    Such an operation is resumed: QUEUED again and its task sent once this transaction
+    commits, so a worker applies the chunks left, from the first not applied. That is sound
+    because each chunk is frozen ids applied and deleted in one transaction: the chunks left are
+    exactly the work not done, and a late redelivery of the old task does nothing while the
+    new run holds the operation. After CONSOLE_BULK_MAX_RESUMES resumes it is FAILED instead,
+    with the reason in its error (a chunk that kills its worker must not run for ever); one
+    with a cancel requested is CANCELLED. An operation whose run is alive is left alone."""
+    reaped = Reaped()
+    running = BulkOperation.objects.filter(status=Status.RUNNING).order_by("pk")
+    for operation_id in running.values_list("pk", flat=True):
+        outcome = _reap(operation_id)
+        if outcome is not None:
+            getattr(reaped, outcome).append(operation_id)
+    return reaped
+
+
+def _reap(operation_id: int) -> str | None:
+    """Resumes, fails or cancels one RUNNING operation that no run holds; returns which
+    (a field of Reaped), or None for one left alone."""
+    with transaction.atomic():
+        # skip_locked: a chunk's transaction holds the row while its run is alive.
+        operation = (
+            BulkOperation.objects.select_for_update(skip_locked=True)
+            .filter(pk=operation_id, status=Status.RUNNING)
+            .first()
+        )
+        if operation is None or not _no_run_holds(operation_id):
+            return None
+        if operation.cancel_requested_at is not None:
+            _finish(operation_id, Status.CANCELLED)
+            return "cancelled"
+        limit = settings.CONSOLE_BULK_MAX_RESUMES
+        if operation.resumes >= limit:
+            left = operation.chunks_total - operation.chunks_done
+            _finish(
+                operation_id,
+                Status.FAILED,
+                error=f"The worker running it died, after {operation.resumes} resumes "
+                f"(CONSOLE_BULK_MAX_RESUMES is {limit}): it is not resumed again. The "
+                f"{operation.chunks_done} chunks applied stay applied; the {left} left were "
+                "not. Look for what stops the worker (its log, memory), then run the action "
+                "again for the rows still to change.",
+            )
+            return "failed"
+        BulkOperation.objects.filter(pk=operation_id).update(
+            status=Status.QUEUED, resumes=F("resumes") + 1
+        )
+        transaction.on_commit(lambda: _enqueue_run(operation_id))
+    return "resumed"
 
 
 def bulk_action_apply_chunk(*, action_id: int, object_ids: Sequence[Any]) -> int:

@@ -45,13 +45,15 @@ def check_masked_fields(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
 @register()
 def check_bulk_settings(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
     """The bulk actions' knobs: a chunk and a selection of at least one row, a rate cap of no
-    fewer than zero rows per second (0: no cap). A chunk larger than the cap is allowed, but
-    then every chunk is followed by a pause of more than a second."""
+    fewer than zero rows per second (0: no cap), no fewer than zero resumes. A chunk larger
+    than the cap is allowed, but then every chunk is followed by a pause of more than a
+    second."""
     problems: list[CheckMessage] = []
     for name, minimum in (
         ("CONSOLE_BULK_CHUNK_SIZE", 1),
         ("CONSOLE_BULK_MAX_ROWS", 1),
         ("CONSOLE_BULK_MAX_ROWS_PER_SECOND", 0),
+        ("CONSOLE_BULK_MAX_RESUMES", 0),
     ):
         value = getattr(settings, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:

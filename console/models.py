@@ -191,6 +191,9 @@ class BulkOperation(models.Model):
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancelled_by = models.CharField(max_length=150, blank=True, default="")
     error = models.TextField(blank=True, default="")
+    # Times a run whose worker died was queued again (console.bulk_operations.
+    # bulk_operations_reap): past CONSOLE_BULK_MAX_RESUMES, the operation fails instead.
+    resumes = models.PositiveIntegerField(default=0)
 
     class Meta:
         db_table = "console_bulk_operation"

@@ -15,11 +15,12 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Count, Model, Q, QuerySet, Sum
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from console.consumer_lag import ConsumerLag
 from inbox.models import InboxMessage
-from outbox.models import OutboxDelivery, OutboxEvent
+from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
 from outbox.selectors import (
     outbox_last_published_at,
     outbox_log_backlog,
@@ -260,6 +261,39 @@ def failure_groups(side: str) -> list[FailureGroup]:
         )
         for error_class, topic, group, count, first, last, sample_id, sample_error in rows
     ]
+
+
+def failure_group_rows(
+    side: str, *, error_class: str, topic: str, consumer_group: str = ""
+) -> QuerySet:
+    """The rows of one failure group, as failure_groups counts them (the same FAILED rows, the
+    same reading of the error class): outbox events (by the held heads whose attempts are
+    spent) or inbox messages, for a bulk action to freeze. Empty when no such group is left."""
+    # ERROR_CLASS_SQL names its column unqualified: inside the held set's subquery it reads
+    # the held row's error, the only table of that scope with the column.
+    rows: QuerySet[Any]
+    if side == "outbox":
+        rows = OutboxHeldEvent.objects.filter(
+            next_attempt_at__isnull=True, attempts__gt=0, topic=topic
+        )
+    elif side == "inbox":
+        rows = InboxMessage.objects.filter(
+            status=InboxMessage.Status.FAILED,
+            discarded_at__isnull=True,
+            topic=topic,
+            consumer_group=consumer_group,
+        )
+    else:
+        raise ValueError(f"no such side: {side!r}")
+    rows = rows.alias(failure_class=RawSQL(ERROR_CLASS_SQL, ()))  # noqa: S611 (a constant)
+    if error_class == NO_ERROR_TEXT:
+        rows = rows.filter(Q(failure_class="") | Q(failure_class__isnull=True))
+    else:
+        rows = rows.filter(failure_class=error_class)
+    if side == "outbox":
+        held: QuerySet[Any] = rows.values_list("event_id", flat=True)
+        return OutboxEvent.objects.filter(pk__in=held)
+    return rows
 
 
 def error_class_condition(error_class: str, *, field: str = "last_error") -> Q:

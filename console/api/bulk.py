@@ -50,7 +50,28 @@ def bulk_response(
     """200 with the result of a dry run or of a set of one chunk; 202 with the operation's URL
     (also in Location) for a larger set, queued."""
     rows, described = bulk_queryset(data=data, filterset_class=filterset_class, queryset=queryset)
-    if data.get("dry_run"):
+    return bulk_rows_response(
+        request=request,
+        action=action,
+        rows=rows,
+        dry_run=bool(data.get("dry_run")),
+        reason=data.get("reason", ""),
+        filters=described if "ids" not in described else {},
+    )
+
+
+def bulk_rows_response(
+    *,
+    request: Request,
+    action: str,
+    rows: QuerySet,
+    dry_run: bool,
+    reason: str,
+    filters: dict[str, Any],
+) -> Response:
+    """The answer of a bulk action over `rows` (see bulk_response); `filters` is what the audit
+    log keeps of how the rows were named."""
+    if dry_run:
         return Response(
             {
                 "action": action,
@@ -68,9 +89,9 @@ def bulk_response(
         user=request.user,
         action=action,
         source="api",
-        reason=data.get("reason", ""),
+        reason=reason,
         queryset=rows,
-        filters=described if "ids" not in described else {},
+        filters=filters,
     )
     operation = record.bulk_operation
     url = request.build_absolute_uri(reverse("bulk-operation-detail", args=[operation.pk]))

@@ -37,7 +37,8 @@ BAD_REQUEST = (
     "Bad input; `code` says which: validation_error (the messages by field in `errors`; a "
     "date-time the database cannot compare is one), parse_error (a body that is not JSON), "
     "unknown_filter, empty_filter, invalid_id, invalid_cursor, request_too_large (a body over "
-    "DATA_UPLOAD_MAX_MEMORY_SIZE), or the services' own codes (e.g. bulk_too_large, "
+    "DATA_UPLOAD_MAX_MEMORY_SIZE), unknown_failure_group (a failure group with no rows), or "
+    "the services' own codes (e.g. bulk_too_large, "
     "reason_required: a bulk action without a reason, invalid_window)."
 )
 ERROR_DESCRIPTIONS = {

@@ -102,6 +102,11 @@ class BulkOperationSerializer(serializers.Serializer):
     cancel_requested_at = serializers.DateTimeField(read_only=True, allow_null=True)
     cancelled_by = serializers.CharField(read_only=True)
     error = serializers.CharField(read_only=True)
+    resumes = serializers.IntegerField(
+        read_only=True,
+        help_text="Times its worker died and it was queued again, to resume at its first "
+        "chunk not applied.",
+    )
     audit_id = serializers.IntegerField(read_only=True)
 
 

@@ -73,6 +73,11 @@ CONSOLE_BULK_CHUNK_SIZE = env.int("CONSOLE_BULK_CHUNK_SIZE", default=1000)
 CONSOLE_BULK_MAX_ROWS_PER_SECOND = env.int("CONSOLE_BULK_MAX_ROWS_PER_SECOND", default=5000)
 # A bulk action refuses a filter that matches more rows than this; narrow the filter.
 CONSOLE_BULK_MAX_ROWS = env.int("CONSOLE_BULK_MAX_ROWS", default=1_000_000)
+# A running bulk operation whose worker died (no process holds its run) is queued again, to
+# resume at its first chunk not applied, by the beat task console.reap_bulk_operations; after
+# this many resumes it is marked FAILED instead (a chunk that kills its worker every time must
+# not run forever). 0: never resumed, failed at once.
+CONSOLE_BULK_MAX_RESUMES = env.int("CONSOLE_BULK_MAX_RESUMES", default=3)
 # Fields of payloads and headers shown masked to everyone (console/privacy.py), comma-separated
 # paths: CONSOLE_MASKED_FIELDS=payload.customer.email,payload.items.*.card,headers.authorization
 # Payloads and headers at all only to users with console.view_payload.

@@ -50,7 +50,8 @@ from analytics.models import (
     ReconciliationFinding,
     RelayStat,
 )
-from console.models import ApiToken
+from console.bulk_operations import bulk_action_run
+from console.models import ApiToken, OperatorAction
 from console.tokens import api_token_create
 from inbox.models import InboxMessage
 from outbox.models import OutboxEvent
@@ -76,12 +77,46 @@ Status = OutboxEvent.Status
 
 # A key held in the group "billing", which keeps order per key: a FAILED head, one parked.
 HELD_KEY = {"consumer_group": "billing", "topic": "console.orders", "key": "order-1"}
+# A failure group of each side among the rows below (their fixtures' errors and topic).
+FAILURE_GROUPS = {
+    "/api/outbox/failure-groups/": {"error_class": "MSG_TIMED_OUT", "topic": "console.orders"},
+    "/api/inbox/failure-groups/": {
+        "error_class": "demo.errors.DemoFailure",
+        "topic": "console.orders",
+        "consumer_group": "audit",
+    },
+}
 
 
 def _ids(model: type[Model], run: AnalyticsRun) -> list[str]:
     return [
         str(pk) for pk in model._default_manager.filter(run=run).values_list("pk", flat=True)[:3]
     ]
+
+
+def _bulk_operations(events: list[OutboxEvent], settings: Any) -> list[str]:
+    """A bulk operation queued (two chunks) and one done in its request."""
+    operator = User.objects.create_superuser(username="bulk-operator", password="pw")
+    chunk_size = settings.CONSOLE_BULK_CHUNK_SIZE
+    settings.CONSOLE_BULK_CHUNK_SIZE = 1
+    try:
+        queued = bulk_action_run(
+            user=operator,
+            action=OperatorAction.Action.OUTBOX_RETRY,
+            source="api",
+            reason="contract",
+            ids=[event.pk for event in events[:2]],
+        )
+    finally:
+        settings.CONSOLE_BULK_CHUNK_SIZE = chunk_size
+    done = bulk_action_run(
+        user=operator,
+        action=OperatorAction.Action.OUTBOX_DISCARD,
+        source="api",
+        reason="contract",
+        ids=[events[2].pk],
+    )
+    return [str(queued.bulk_operation.pk), str(done.bulk_operation.pk)]
 
 
 @pytest.fixture
@@ -113,6 +148,7 @@ def rows(
     ]
     run = result_run()
     return {
+        "/api/bulk-operations/": _bulk_operations(events, settings),
         "/api/outbox/events/": [str(event.pk) for event in events],
         "/api/inbox/messages/": [str(message.pk) for message in messages],
         "/api/analytics/runs/": [str(run.pk)],
@@ -190,14 +226,19 @@ def test_the_fuzzed_schema_is_the_served_one(token: str) -> None:
 def test_every_operation_keeps_its_documented_contract(
     case: Case, data: st.DataObject, app: WSGIHandler, rows: dict[str, list[str]], token: str
 ) -> None:
-    # Half the time, details and actions name a row that exists (in one of its states), and
-    # the held keys' actions the held key; the other half, what the generator made.
+    # Half the time, details and actions name a row that exists (in one of its states), the
+    # held keys' actions the held key and the failure groups' actions a group; the other half,
+    # what the generator made.
     known = next((ids for prefix, ids in rows.items() if case.path.startswith(prefix)), [])
     if "id" in (case.path_parameters or {}) and known and data.draw(st.booleans(), "a known id"):
         case.path_parameters = {**case.path_parameters, "id": data.draw(st.sampled_from(known))}
     held_key_action = case.path.startswith("/api/inbox/held-keys/") and case.method == "POST"
     if held_key_action and isinstance(case.body, dict) and data.draw(st.booleans(), "held key"):
         case.body = {**case.body, **HELD_KEY}
+    group = next((g for prefix, g in FAILURE_GROUPS.items() if case.path.startswith(prefix)), {})
+    group_action = bool(group) and case.method == "POST"
+    if group_action and isinstance(case.body, dict) and data.draw(st.booleans(), "failure group"):
+        case.body = {**case.body, **group}
     # Throttling has its own tests; here every request must reach its view.
     cache.clear()
     case.call_and_validate(

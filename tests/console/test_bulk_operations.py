@@ -2,24 +2,35 @@
 as an operation in chunks under the rate cap, shows its progress and can be cancelled between
 two chunks, in the admin and in the API."""
 
+import subprocess
+import sys
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.core.checks import run_checks
 from django.db import connection
+from django.utils import timezone
+from rest_framework.test import APIClient
 
+from console.audit import operator_action_record
 from console.bulk_operations import (
     RUN_LOCK_NAMESPACE,
+    Reaped,
+    _apply_next_chunk,
     bulk_action_run,
     bulk_operation_cancel,
     bulk_operation_run,
+    bulk_operations_reap,
 )
 from console.models import BulkOperation, BulkOperationChunk, OperatorAction
 from console.operations import ACTIONS, ActionSpec, ReasonRequired
+from console.tasks import reap_bulk_operations
 from outbox.models import OutboxEvent
 from outbox.selectors import outbox_events_with_delivery
 from tests.conftest import connect_outside_django
 from tests.console.conftest import VIEW_PERMISSIONS, client_for, logged_in
+from tests.outbox.conftest import subprocess_environment, wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -27,6 +38,7 @@ Action = OperatorAction.Action
 Status = BulkOperation.Status
 EVENTS_API = "/api/outbox/events/"
 EVENTS_ADMIN = "/admin/outbox/outboxevent/"
+OPERATIONS_API = "/api/bulk-operations/"
 
 
 def failed_in_topic(topic: str) -> int:
@@ -51,6 +63,25 @@ def queued_retry(operator, events) -> BulkOperation:
         ids=[event.pk for event in events],
     )
     return record.bulk_operation
+
+
+def wait_for_run_lock_release(operation_id: int) -> None:
+    """Waits until no session holds the run lock of the operation: a closed connection's
+    backend releases its locks as it exits, a moment after the client has closed it."""
+
+    def free() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_try_advisory_lock(%s, %s)", [RUN_LOCK_NAMESPACE, operation_id]
+            )
+            taken = bool(cursor.fetchone()[0])
+            if taken:
+                cursor.execute(
+                    "SELECT pg_advisory_unlock(%s, %s)", [RUN_LOCK_NAMESPACE, operation_id]
+                )
+        return taken
+
+    wait_until(free, timeout=10, message="the closed session's lock to go")
 
 
 class FakeClock:
@@ -279,6 +310,7 @@ def test_a_second_run_does_nothing_while_another_holds_the_operation(operator, f
         assert (operation.status, operation.chunks_done) == (Status.QUEUED, 0)
         assert failed_in_topic("bulk.orders") == 5
     # That worker gone, its lock went with its connection: a redelivery runs it.
+    wait_for_run_lock_release(operation.pk)
     bulk_operation_run(operation_id=operation.pk, sleep=lambda seconds: None)
     operation.refresh_from_db()
     assert (operation.status, operation.chunks_done) == (Status.DONE, 3)
@@ -363,9 +395,281 @@ def test_the_service_refuses_a_blank_reason(operator, make_event):
         ("CONSOLE_BULK_MAX_ROWS", -1),
         ("CONSOLE_BULK_MAX_ROWS_PER_SECOND", -5),
         ("CONSOLE_BULK_MAX_ROWS_PER_SECOND", "fast"),
+        ("CONSOLE_BULK_MAX_RESUMES", -1),
     ],
 )
 def test_a_bulk_setting_out_of_range_is_a_system_check_error(settings, name, value):
     settings.__setattr__(name, value)
     errors = [message for message in run_checks() if message.id == "console.E003"]
     assert [name in error.msg for error in errors] == [True]
+
+
+# --- the list ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def three_operations(operator, five_failed, make_message) -> list[BulkOperation]:
+    """A queued outbox retry, a cancelled outbox discard and a finished inbox discard, created
+    an hour apart, oldest first."""
+    retry = queued_retry(operator, five_failed[:3])
+    discard = bulk_action_run(
+        user=operator,
+        action=Action.OUTBOX_DISCARD,
+        source="api",
+        reason="wrong topic",
+        ids=[event.pk for event in five_failed[2:]],
+    ).bulk_operation
+    bulk_operation_cancel(user=operator, operation=discard, source="api")
+    message = make_message("FAILED")
+    inbox = bulk_action_run(
+        user=operator, action=Action.INBOX_DISCARD, source="api", reason="stale", ids=[message.pk]
+    ).bulk_operation
+    operations = [retry, discard, inbox]
+    now = timezone.now()
+    for hours_ago, operation in zip((3, 2, 1), operations, strict=True):
+        BulkOperation.objects.filter(pk=operation.pk).update(
+            created_at=now - timedelta(hours=hours_ago)
+        )
+        operation.refresh_from_db()
+    return operations
+
+
+def test_the_list_is_newest_first_and_paginated_by_cursor(operator, three_operations):
+    client = client_for(operator)
+    response = client.get(OPERATIONS_API)
+    assert response.status_code == 200, response.content
+    listed = response.json()["results"]
+    assert [row["id"] for row in listed] == [op.pk for op in reversed(three_operations)]
+    assert [row["status"] for row in listed] == ["DONE", "CANCELLED", "QUEUED"]
+    assert listed[2]["reason"] == "broker quota raised"
+    assert listed[0]["action"] == "inbox.discard"
+    first = client.get(OPERATIONS_API, {"page_size": 2}).json()
+    second = client.get(first["next"]).json()
+    assert [row["id"] for row in first["results"] + second["results"]] == [
+        op.pk for op in reversed(three_operations)
+    ]
+    assert second["next"] is None
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ({"status": "QUEUED"}, [0]),
+        ({"status": "CANCELLED"}, [1]),
+        ({"action": "outbox.discard"}, [1]),
+        ({"model": "outbox.OutboxEvent"}, [1, 0]),
+        ({"model": "inbox.InboxMessage"}, [2]),
+        ({"created_after": "HOURS_AGO_2_5"}, [2, 1]),
+        ({"created_before": "HOURS_AGO_1_5"}, [1, 0]),
+        ({"created_after": "HOURS_AGO_2_5", "created_before": "HOURS_AGO_1_5"}, [1]),
+    ],
+)
+def test_the_list_filters_by_status_action_model_and_creation(
+    operator, three_operations, query, expected
+):
+    now = timezone.now()
+    times = {
+        "HOURS_AGO_2_5": now - timedelta(hours=2.5),
+        "HOURS_AGO_1_5": now - timedelta(hours=1.5),
+    }
+    query = {
+        key: times[value].isoformat() if value in times else value for key, value in query.items()
+    }
+    response = client_for(operator).get(OPERATIONS_API, query)
+    assert response.status_code == 200, response.content
+    assert [row["id"] for row in response.json()["results"]] == [
+        three_operations[index].pk for index in expected
+    ]
+
+
+@pytest.mark.parametrize(
+    ("query", "code"),
+    [
+        ({"status": "LOST"}, "validation_error"),
+        ({"action": "outbox.release_key"}, "validation_error"),
+        ({"created_after": "yesterday"}, "validation_error"),
+        ({"created_after": "2026-03-01T00:00:00+22:00"}, "validation_error"),
+        ({"stauts": "DONE"}, "unknown_filter"),
+        ({"cursor": "not a cursor"}, "invalid_cursor"),
+    ],
+)
+def test_a_bad_list_query_is_a_400_with_a_code(operator, three_operations, query, code):
+    response = client_for(operator).get(OPERATIONS_API, query)
+    assert response.status_code == 400, response.content
+    assert response.json()["code"] == code
+
+
+def test_the_list_holds_only_the_operations_on_models_the_user_may_read(
+    make_user, three_operations
+):
+    inbox_reader = client_for(make_user("inbox.view_inboxmessage"))
+    listed = inbox_reader.get(OPERATIONS_API).json()["results"]
+    assert [row["id"] for row in listed] == [three_operations[2].pk]
+    assert client_for(make_user()).get(OPERATIONS_API).json()["results"] == []
+    assert APIClient().get(OPERATIONS_API).status_code in (401, 403)
+
+
+# --- the reaper: operations whose worker died ---------------------------------------------------
+
+
+def claimed_by_a_dead_worker(operator, events, *, chunks_applied: int = 0) -> BulkOperation:
+    """A queued retry that a worker claimed, applied `chunks_applied` chunks of, and died:
+    RUNNING, and no run holds it."""
+    operation = queued_retry(operator, events)
+    for _ in range(chunks_applied):
+        _apply_next_chunk(BulkOperation.objects.select_related("audit").get(pk=operation.pk))
+    BulkOperation.objects.filter(pk=operation.pk).update(
+        status=Status.RUNNING, started_at=timezone.now()
+    )
+    return operation
+
+
+def test_a_running_operation_whose_worker_died_is_resumed_where_it_stopped(
+    operator, five_failed, django_capture_on_commit_callbacks
+):
+    operation = claimed_by_a_dead_worker(operator, five_failed, chunks_applied=1)
+    assert failed_in_topic("bulk.orders") == 3
+
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        reap_bulk_operations.apply()
+    operation.refresh_from_db()
+    assert (operation.status, operation.resumes, operation.chunks_done) == (Status.QUEUED, 1, 1)
+    assert len(callbacks) == 1  # the run's task, sent once the reap commits
+
+    for callback in callbacks:  # Celery runs the task eagerly in tests
+        callback()
+    operation.refresh_from_db()
+    assert (operation.status, operation.chunks_done, operation.rows_done) == (Status.DONE, 3, 5)
+    assert operation.rows_changed == 5
+    assert failed_in_topic("bulk.orders") == 0
+    assert not BulkOperationChunk.objects.exists()
+
+
+def test_a_running_operation_whose_run_is_alive_is_left_alone_until_it_dies(
+    operator, five_failed, django_capture_on_commit_callbacks
+):
+    operation = claimed_by_a_dead_worker(operator, five_failed)
+    with connect_outside_django(connection.settings_dict) as live_worker:
+        live_worker.execute("SELECT pg_advisory_lock(%s, %s)", [RUN_LOCK_NAMESPACE, operation.pk])
+        with django_capture_on_commit_callbacks(execute=False) as callbacks:
+            reaped = bulk_operations_reap()
+        assert reaped == Reaped()
+        assert callbacks == []
+        operation.refresh_from_db()
+        assert (operation.status, operation.resumes) == (Status.RUNNING, 0)
+    # That worker's session gone (the process died), its lock went with it.
+    wait_for_run_lock_release(operation.pk)
+    with django_capture_on_commit_callbacks(execute=False):
+        assert bulk_operations_reap() == Reaped(resumed=[operation.pk])
+
+
+def test_an_operation_whose_worker_keeps_dying_fails_after_the_resumes_allowed(
+    operator, five_failed, settings, django_capture_on_commit_callbacks
+):
+    settings.CONSOLE_BULK_MAX_RESUMES = 2
+    operation = claimed_by_a_dead_worker(operator, five_failed, chunks_applied=1)
+    for resumes in (1, 2):
+        with django_capture_on_commit_callbacks(execute=False):
+            assert bulk_operations_reap() == Reaped(resumed=[operation.pk])
+        # A worker claims it again, and dies.
+        BulkOperation.objects.filter(pk=operation.pk).update(status=Status.RUNNING)
+        operation.refresh_from_db()
+        assert operation.resumes == resumes
+
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        assert bulk_operations_reap() == Reaped(failed=[operation.pk])
+    assert callbacks == []
+    operation.refresh_from_db()
+    assert operation.status == Status.FAILED
+    assert "died" in operation.error
+    assert "CONSOLE_BULK_MAX_RESUMES is 2" in operation.error
+    assert "the 2 left were not" in operation.error
+    assert operation.finished_at is not None
+    assert not BulkOperationChunk.objects.exists()
+    assert OperatorAction.objects.get(pk=operation.audit_id).chunks_pending == 0
+    assert failed_in_topic("bulk.orders") == 3  # the applied chunk stays applied
+
+
+def test_a_dead_operation_with_a_cancel_requested_is_cancelled(
+    operator, five_failed, django_capture_on_commit_callbacks
+):
+    operation = claimed_by_a_dead_worker(operator, five_failed)
+    BulkOperation.objects.filter(pk=operation.pk).update(cancel_requested_at=timezone.now())
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        assert bulk_operations_reap() == Reaped(cancelled=[operation.pk])
+    assert callbacks == []
+    operation.refresh_from_db()
+    assert operation.status == Status.CANCELLED
+    assert failed_in_topic("bulk.orders") == 5
+
+
+def test_a_worker_killed_in_the_middle_of_a_run_is_resumed_by_the_reaper(
+    transactional_db, operator, five_failed, settings
+):
+    # Stored as bulk_action_run stores it, without sending the task (with a committing
+    # database, Celery's eager mode would run it here at once).
+    ids = [str(event.pk) for event in five_failed]
+    record = operator_action_record(
+        user=operator,
+        action=Action.OUTBOX_RETRY,
+        model="outbox.OutboxEvent",
+        source="api",
+        requested=5,
+        object_ids=ids,
+        reason="broker quota raised",
+        chunks_pending=3,
+    )
+    operation = BulkOperation.objects.create(audit=record, chunks_total=3)
+    BulkOperationChunk.objects.bulk_create(
+        BulkOperationChunk(operation=operation, index=index, object_ids=ids[index * 2 :][:2])
+        for index in range(3)
+    )
+    # A worker in another process, paced to 1 row a second: after its first chunk (2 rows) it
+    # pauses for 2 s, and is killed there.
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "manage.py",
+            "shell",
+            "-c",
+            "from console.bulk_operations import bulk_operation_run; "
+            f"bulk_operation_run(operation_id={operation.pk})",
+        ],
+        cwd=settings.BASE_DIR,
+        env=subprocess_environment(CONSOLE_BULK_MAX_ROWS_PER_SECOND="1"),
+    )
+    try:
+        wait_until(
+            lambda: BulkOperation.objects.get(pk=operation.pk).chunks_done == 1,
+            timeout=60,
+            message="the worker's first chunk",
+        )
+        # Alive, it holds the operation: the reaper leaves it alone.
+        assert bulk_operations_reap() == Reaped()
+    finally:
+        worker.kill()
+        worker.wait()
+    operation.refresh_from_db()
+    assert (operation.status, operation.chunks_done) == (Status.RUNNING, 1)
+
+    # Its session gone with it, the reaper resumes the operation; the task it sends runs here
+    # (Celery's eager mode), without the rate cap.
+    settings.CONSOLE_BULK_MAX_ROWS_PER_SECOND = 0
+    wait_until(
+        lambda: bulk_operations_reap().resumed == [operation.pk],
+        timeout=30,
+        message="the killed worker's lock to go",
+    )
+    operation.refresh_from_db()
+    assert (operation.status, operation.resumes) == (Status.DONE, 1)
+    assert (operation.chunks_done, operation.rows_done, operation.rows_changed) == (3, 5, 5)
+    assert failed_in_topic("bulk.orders") == 0
+
+
+def test_beat_reaps_the_bulk_operations_every_minute(settings):
+    entries = [
+        entry
+        for entry in settings.CELERY_BEAT_SCHEDULE.values()
+        if entry["task"] == reap_bulk_operations.name
+    ]
+    assert [entry["schedule"] for entry in entries] == [60.0]

@@ -1,6 +1,7 @@
 """The beat schedule: the package's helpers (outbox/beat.py, inbox/beat.py) give every
 periodic task the core apps need, each naming a task a worker has registered, and this
-project's CELERY_BEAT_SCHEDULE is built from them as a user's project would build it."""
+project's CELERY_BEAT_SCHEDULE is built from them as a user's project would build it, with the
+project's own entries."""
 
 from django.conf import settings
 
@@ -45,9 +46,10 @@ def test_the_intervals_follow_the_dicts_and_fall_back_on_the_apps_defaults():
     assert given["inbox-retry-due"]["schedule"] == 30.0
 
 
-def test_the_projects_schedule_is_the_helpers_entries_and_its_analytics_run():
+def test_the_projects_schedule_is_the_helpers_entries_its_analytics_run_and_bulk_reaper():
     expected = {**outbox_beat_schedule(OUTBOX), **inbox_beat_schedule(INBOX)}
     schedule = settings.CELERY_BEAT_SCHEDULE
     assert {key: schedule[key] for key in expected} == expected
-    assert set(schedule) - set(expected) == {"analytics-run"}
-    assert schedule["analytics-run"]["task"] in _registered_tasks()
+    own = {"analytics-run", "console-reap-bulk-operations"}
+    assert set(schedule) - set(expected) == own
+    assert {schedule[key]["task"] for key in own} <= _registered_tasks()
