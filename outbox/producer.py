@@ -55,6 +55,11 @@ class RelayProducer:
         self.producer = Producer(config)
         if transactional_id:
             self.producer.init_transactions(outbox_settings.PRODUCER_DELIVERY_TIMEOUT_MS / 1000)
+            logger.debug(
+                "Outbox producer %s is ready: any earlier producer of this transactional.id "
+                "is fenced",
+                transactional_id,
+            )
 
     def _on_error(self, error: KafkaError) -> None:
         if error.fatal():
