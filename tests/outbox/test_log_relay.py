@@ -232,15 +232,22 @@ def test_a_head_that_keeps_failing_waits_for_an_operator_after_its_last_attempt(
     assert OutboxDelivery.objects.filter(outcome="FAILED").count() == 2
 
 
+# A longer delivery timeout given in PRODUCER_CONFIG (refused by check outbox.E007) would
+# leave the records in flight after the relay stopped waiting for them; the producer ignores it.
+@pytest.mark.parametrize("extra_config", [{}, {"delivery.timeout.ms": 60_000}])
 def test_with_the_broker_unreachable_the_batch_waits_and_no_key_is_held(
-    kafka_topic, kafka_consumer_config, log_relay, settings
+    kafka_topic, kafka_consumer_config, log_relay, settings, extra_config
 ):
     topic = kafka_topic()
     events = publish_events(topic, 5, keys=5)
     reachable = settings.KAFKA_EVENTS
     # Nothing listens there.
     settings.KAFKA_EVENTS = {**reachable, "BOOTSTRAP_SERVERS": "127.0.0.1:1"}
-    settings.OUTBOX = {**settings.OUTBOX, "PRODUCER_DELIVERY_TIMEOUT_MS": 1000}
+    settings.OUTBOX = {
+        **settings.OUTBOX,
+        "PRODUCER_DELIVERY_TIMEOUT_MS": 1000,
+        "PRODUCER_CONFIG": {**settings.OUTBOX.get("PRODUCER_CONFIG", {}), **extra_config},
+    }
     during_outage = log_relay()
 
     outage = during_outage.run(max_seconds=0.1)
