@@ -49,5 +49,7 @@ def test_the_projects_schedule_is_the_helpers_entries_and_its_analytics_run():
     expected = {**outbox_beat_schedule(OUTBOX), **inbox_beat_schedule(INBOX)}
     schedule = settings.CELERY_BEAT_SCHEDULE
     assert {key: schedule[key] for key in expected} == expected
-    assert set(schedule) - set(expected) == {"analytics-run"}
+    assert set(schedule) - set(expected) == {"analytics-run", "analytics-reap-runs"}
     assert schedule["analytics-run"]["task"] in _registered_tasks()
+    assert schedule["analytics-reap-runs"]["task"] == "analytics.tasks.reap_runs"
+    assert schedule["analytics-reap-runs"]["task"] in _registered_tasks()
