@@ -52,7 +52,7 @@ def producer_config(*, transactional_id: str | None = None) -> dict[str, Any]:
     extra = outbox_settings.PRODUCER_CONFIG
     ignored = sorted(key for key in extra if key in RELAY_OWNED_PRODUCER_CONFIG)
     if ignored:
-        # Check outbox.E007 refuses them where checks run; a Celery worker runs none.
+        # Check outbox.E007 refuses them, but a Celery worker starts whatever its checks find.
         logger.warning(
             'Outbox producer ignores %s of OUTBOX["PRODUCER_CONFIG"]: the relay sets them',
             ", ".join(ignored),
