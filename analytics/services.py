@@ -185,6 +185,7 @@ class RunHeartbeat:
                     logger.warning(
                         "analytics run %s: heartbeat not written: %s", self.run_id, error
                     )
+                    connection.close()  # the next beat connects afresh
         finally:
             connection.close()
 
