@@ -29,6 +29,11 @@ PERCENTILES = (0.5, 0.95, 0.99)
 # Inbox rows received this long before the window opened are read too: the clocks of the
 # relay's and the consumers' hosts may disagree a little.
 INBOX_CLOCK_SKEW = timedelta(minutes=5)
+# A Kafka record's timestamp is the producing host's clock at produce() (CreateTime, which the
+# relay leaves to librdkafka) or the broker's (LogAppendTime); an event's created_at is the
+# publishing host's. Every copy of a window's event was produced after the event was created,
+# so its timestamp is at least the window's start, less this for clocks that disagree.
+RECORD_CLOCK_SKEW = timedelta(minutes=5)
 EVENT_ID_HEADER = "event_id"
 MICROS_PER_SECOND = 1_000_000
 
@@ -690,8 +695,12 @@ class KafkaScanPlan:
 def kafka_scan_plan(
     *, first_offsets: dict[tuple[str, int], int], topics: set[str], config: JobConfig
 ) -> KafkaScanPlan:
-    """Asks the broker for each partition's watermarks: the scan reads from the window's
-    first recorded offset (or the log start, if retention removed it) to the log end."""
+    """Asks the broker for each partition's watermarks and for its first offset of a record
+    written since the window opened (less RECORD_CLOCK_SKEW). The scan reads from the lower of
+    that offset and the window's first recorded offset (or from the log start, if retention
+    removed them) to the log end: a copy of an event written before the one the relay
+    recorded (its acknowledgement lost, or the relay killed before its record) may lie below
+    every recorded offset, but never before the event was created."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     bootstrap = config.kafka_config.get("bootstrap.servers", "")
@@ -721,10 +730,14 @@ def kafka_scan_plan(
                 partitions[topic] = {}
                 continue
             partitions[topic] = {}
-            for partition in sorted(topic_metadata.partitions):
-                first = first_offsets.get((topic, partition))
-                if first is None:
-                    continue
+            recorded = {
+                partition: first
+                for partition in sorted(topic_metadata.partitions)
+                if (first := first_offsets.get((topic, partition))) is not None
+            }
+            written_since = _offsets_written_since(consumer, topic, sorted(recorded), config)
+            for partition, first in recorded.items():
+                start = min(first, written_since.get(partition, first))
                 try:
                     low, high = consumer.get_watermark_offsets(
                         TopicPartition(topic, partition), timeout=config.kafka_timeout_seconds
@@ -733,10 +746,43 @@ def kafka_scan_plan(
                     raise SourceUnreachable(
                         f"Kafka at {bootstrap} gave no offsets for {topic}[{partition}]: {error}"
                     ) from error
-                partitions[topic][partition] = (low, max(first, low), high)
+                partitions[topic][partition] = (low, max(start, low), high)
         return KafkaScanPlan(partitions=partitions)
     finally:
         consumer.close()
+
+
+def _offsets_written_since(
+    consumer: Any, topic: str, partitions: list[int], config: JobConfig
+) -> dict[int, int]:
+    """Partition -> the first offset whose record's timestamp is at least the window's start
+    less RECORD_CLOCK_SKEW (the broker's time index: no earlier record is that recent). A
+    partition with no such record has no entry."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    if not partitions:
+        return {}
+    bootstrap = config.kafka_config.get("bootstrap.servers", "")
+    timestamp_ms = int((config.since - RECORD_CLOCK_SKEW).timestamp() * 1000)
+    try:
+        found = consumer.offsets_for_times(
+            [TopicPartition(topic, partition, timestamp_ms) for partition in partitions],
+            timeout=config.kafka_timeout_seconds,
+        )
+    except KafkaException as error:
+        raise SourceUnreachable(
+            f"Kafka at {bootstrap} gave no offsets by time for {topic}: {error}"
+        ) from error
+    offsets: dict[int, int] = {}
+    for position in found:
+        if position.error is not None:
+            raise SourceUnreachable(
+                f"Kafka at {bootstrap} gave no offset by time for "
+                f"{topic}[{position.partition}]: {position.error}"
+            )
+        if position.offset >= 0:  # OFFSET_END (-1): no record that recent
+            offsets[position.partition] = position.offset
+    return offsets
 
 
 def read_kafka(spark: "SparkSession", plan: KafkaScanPlan, config: JobConfig) -> "DataFrame":

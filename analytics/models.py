@@ -44,6 +44,11 @@ class AnalyticsRun(models.Model):
     # Counts per finding kind (all of them, also those past the per-kind cap), totals.
     summary = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True, default="")
+    # The process running the job (host:pid) and when it last said it was alive (the
+    # database's clock). A RUNNING run whose heartbeat is older than ANALYTICS_RUN_STALE_SECONDS
+    # lost its worker: beat's reaper marks it FAILED.
+    worker = models.CharField(max_length=255, blank=True, default="")
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "analytics_run"

@@ -1,16 +1,21 @@
 """Writes of the analytics app: running the job for a window and storing its results."""
 
 import logging
+import os
+import socket
+import threading
 import time
 import zlib
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import connection, connections, transaction
+from django.db import DatabaseError, connection, connections, transaction
+from django.db.models import DateTimeField, ExpressionWrapper, Value
+from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
-from analytics.errors import InvalidWindow
+from analytics.errors import InvalidWindow, RunNoLongerRunning
 from analytics.jobs import JdbcSource, JobConfig, JobResult, run_job
 from analytics.models import (
     AnalyticsRun,
@@ -30,6 +35,19 @@ RESULT_MODELS = (DeliveryLagStat, DuplicateStat, RelayStat, ReconciliationFindin
 # pg_advisory_xact_lock's first key: this app's namespace; the second is the window's hash.
 ADVISORY_LOCK_NAMESPACE = 0x414E41  # "ANA"
 BULK_BATCH_SIZE = 1000
+# What a finished job writes of its run.
+RESULT_FIELDS = (
+    "status",
+    "spark_master",
+    "outbox_rows",
+    "inbox_rows",
+    "kafka_records",
+    "rows_read",
+    "findings",
+    "summary",
+    "finished_at",
+    "duration_seconds",
+)
 
 
 def analytics_window_default(*, now: datetime | None = None) -> tuple[datetime, datetime]:
@@ -99,31 +117,105 @@ def analytics_run_execute(
         window_end=until,
         trigger=trigger,
         spark_master=settings.SPARK_MASTER,
+        worker=f"{socket.gethostname()}:{os.getpid()}",
+        heartbeat_at=Now(),
     )
+    run.refresh_from_db(fields=["heartbeat_at"])
     try:
-        if spark is None:
-            from analytics.spark import spark_session_get
+        with RunHeartbeat(run_id=run.pk, interval=settings.ANALYTICS_RUN_HEARTBEAT_SECONDS):
+            if spark is None:
+                from analytics.spark import spark_session_get
 
-            spark = spark_session_get()
-        run.spark_master = str(spark.sparkContext.master)
-        config = analytics_job_config(
-            since=since,
-            until=until,
-            as_of=run.started_at,
-            source=source,
-            kafka_config=kafka_config,
-            kafka_scan=kafka_scan,
-        )
-        result = run_job(spark, config)
-        _results_store(run=run, result=result, started=started)
+                spark = spark_session_get()
+            run.spark_master = str(spark.sparkContext.master)
+            config = analytics_job_config(
+                since=since,
+                until=until,
+                as_of=run.started_at,
+                source=source,
+                kafka_config=kafka_config,
+                kafka_scan=kafka_scan,
+            )
+            result = run_job(spark, config)
+            _results_store(run=run, result=result, started=started)
     except Exception as error:
         logger.exception("analytics run %s failed", run.pk)
-        run.status = AnalyticsRun.Status.FAILED
-        run.error = f"{type(error).__name__}: {error}"
-        run.finished_at = timezone.now()
-        run.duration_seconds = time.monotonic() - started
-        run.save()
+        # Unless the reaper marked it FAILED already: its reason stands.
+        AnalyticsRun.objects.filter(pk=run.pk, status=AnalyticsRun.Status.RUNNING).update(
+            status=AnalyticsRun.Status.FAILED,
+            spark_master=run.spark_master,
+            error=f"{type(error).__name__}: {error}",
+            finished_at=timezone.now(),
+            duration_seconds=time.monotonic() - started,
+        )
+    run.refresh_from_db()
     return run
+
+
+class RunHeartbeat:
+    """Writes a run's heartbeat every `interval` seconds while the job runs, from a thread of
+    its own with a database connection of its own: the job's Spark calls hold the main thread
+    for minutes. A heartbeat the database does not take is logged and tried at the next beat;
+    the run is reaped only after ANALYTICS_RUN_STALE_SECONDS without one."""
+
+    def __init__(self, *, run_id: int, interval: float) -> None:
+        self.run_id = run_id
+        self.interval = interval
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(
+            target=self._beat, name=f"analytics-run-{run_id}-heartbeat", daemon=True
+        )
+
+    def __enter__(self) -> "RunHeartbeat":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+    def _beat(self) -> None:
+        try:
+            while not self.stopped.wait(self.interval):
+                try:
+                    AnalyticsRun.objects.filter(
+                        pk=self.run_id, status=AnalyticsRun.Status.RUNNING
+                    ).update(heartbeat_at=Now())
+                except DatabaseError as error:
+                    logger.warning(
+                        "analytics run %s: heartbeat not written: %s", self.run_id, error
+                    )
+                    connection.close()  # the next beat connects afresh
+        finally:
+            connection.close()
+
+
+def analytics_runs_reap(*, stale_after: timedelta) -> list[AnalyticsRun]:
+    """Marks FAILED the RUNNING runs whose worker stopped: no heartbeat (or, for a run older
+    than heartbeats, no start) for `stale_after`, by the database's clock. Returns them."""
+    cutoff = ExpressionWrapper(Now() - Value(stale_after), output_field=DateTimeField())
+    reaped: list[AnalyticsRun] = []
+    with transaction.atomic():
+        # A job storing its results holds its run's row: it is not stale, and is skipped.
+        stale = (
+            AnalyticsRun.objects.select_for_update(skip_locked=True)
+            .filter(status=AnalyticsRun.Status.RUNNING)
+            .annotate(last_sign=Coalesce("heartbeat_at", "started_at"))
+            .filter(last_sign__lt=cutoff)
+            .order_by("pk")
+        )
+        for run in stale:
+            run.status = AnalyticsRun.Status.FAILED
+            run.error = (
+                f"the worker running it stopped: no heartbeat from "
+                f"{run.worker or 'its worker'} since {run.last_sign:%Y-%m-%d %H:%M:%S} UTC "
+                f"(more than {stale_after.total_seconds():g} s); its results were not stored"
+            )
+            run.finished_at = timezone.now()
+            run.save(update_fields=["status", "error", "finished_at"])
+            logger.warning("analytics run %s: %s", run.pk, run.error)
+            reaped.append(run)
+    return reaped
 
 
 def analytics_run_scheduled(
@@ -173,6 +265,18 @@ def _window_lock_key(run: AnalyticsRun) -> int:
 def _results_store(*, run: AnalyticsRun, result: JobResult, started: float) -> None:
     """Replaces the window's results in one transaction: readers see the old or the new."""
     with transaction.atomic():
+        # The run's row, locked until the results are in: the reaper cannot mark it FAILED
+        # meanwhile, nor can results be stored over its verdict.
+        status = (
+            AnalyticsRun.objects.select_for_update()
+            .filter(pk=run.pk)
+            .values_list("status", flat=True)
+            .first()
+        )
+        if status != AnalyticsRun.Status.RUNNING:
+            raise RunNoLongerRunning(
+                f"the run was marked {status} while its job ran; its results are not stored"
+            )
         with connection.cursor() as cursor:
             # Two runs of one window store one after the other, never interleaved.
             cursor.execute(
@@ -203,7 +307,8 @@ def _results_store(*, run: AnalyticsRun, result: JobResult, started: float) -> N
         }
         run.finished_at = timezone.now()
         run.duration_seconds = time.monotonic() - started
-        run.save()
+        # Not the heartbeat, which its thread writes.
+        run.save(update_fields=RESULT_FIELDS)
 
 
 def _bulk(model: Any, run: AnalyticsRun, rows: list[dict[str, Any]]) -> None:

@@ -1,8 +1,11 @@
+from datetime import timedelta
+
 from celery import shared_task
+from django.conf import settings
 from django.utils.dateparse import parse_datetime
 
 from analytics.models import AnalyticsRun
-from analytics.services import analytics_run_scheduled
+from analytics.services import analytics_run_scheduled, analytics_runs_reap
 
 
 @shared_task(name="analytics.tasks.run_analytics")
@@ -17,3 +20,11 @@ def run_analytics(
         since=parse_datetime(since) if since else None,
         until=parse_datetime(until) if until else None,
     ).pk
+
+
+@shared_task(name="analytics.tasks.reap_runs", ignore_result=True)
+def reap_runs() -> int:
+    """Marks FAILED the runs whose worker stopped (no heartbeat for
+    ANALYTICS_RUN_STALE_SECONDS); returns how many."""
+    stale_after = timedelta(seconds=settings.ANALYTICS_RUN_STALE_SECONDS)
+    return len(analytics_runs_reap(stale_after=stale_after))

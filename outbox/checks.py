@@ -1,6 +1,7 @@
 """System checks: the shape of OUTBOX and KAFKA_EVENTS (kafka_events/conf.py: outbox.E010
 unknown key, E011 wrong type, E012 not a dict; kafka_events.E010 to E012 alike), then settings
-that would silently break the outbox's guarantees."""
+that would silently break the outbox's guarantees (E007: a producer property the relay sets
+itself, given in PRODUCER_CONFIG)."""
 
 from typing import Any
 
@@ -8,6 +9,7 @@ from django.core.checks import CheckMessage, Error, Warning, register
 
 from kafka_events.conf import check_kafka_events_settings
 from outbox.conf import outbox_settings
+from outbox.producer import RELAY_OWNED_PRODUCER_CONFIG
 from outbox.services.nudge import NUDGE_REDIS_SCHEMES, nudge_redis_url
 
 register(check_kafka_events_settings)
@@ -41,6 +43,15 @@ def check_outbox_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckM
                 id="outbox.E005",
             )
         )
+    for key in outbox_settings.PRODUCER_CONFIG:
+        if key in RELAY_OWNED_PRODUCER_CONFIG:
+            errors.append(
+                Error(
+                    f'{name("PRODUCER_CONFIG")} sets "{key}", which the relay sets itself.',
+                    hint=RELAY_OWNED_PRODUCER_CONFIG[key],
+                    id="outbox.E007",
+                )
+            )
     url = outbox_settings.NUDGE_REDIS_URL
     if url is not None and not url.startswith(NUDGE_REDIS_SCHEMES):
         errors.append(

@@ -47,8 +47,9 @@ DEFAULTS: dict[str, Any] = {
     # How long a record may take to be delivered (message.timeout.ms) before it counts as a
     # failed attempt.
     "PRODUCER_DELIVERY_TIMEOUT_MS": 30_000,
-    # Extra librdkafka producer properties, {"key": "value"}; they cannot override the fixed
-    # ones above.
+    # Extra librdkafka producer properties, {"key": "value"}. Those the relay sets itself (the
+    # fixed ones, the delivery timeout, the transaction's id and timeout) are refused by check
+    # outbox.E007.
     "PRODUCER_CONFIG": {},
     # Each batch in a Kafka transaction with a stable transactional.id per relay slot, so a
     # zombie relay is fenced. See docs/outbox.md for what it guarantees and costs.

@@ -143,7 +143,6 @@ class LogRelay:
         self.relay_id = relay_id or default_relay_id()
         self.batch_size = batch_size or outbox_settings.BATCH_SIZE
         self.wanted = tuple(sorted(shards))
-        self.delivery_timeout = outbox_settings.PRODUCER_DELIVERY_TIMEOUT_MS / 1000
         self.owned: tuple[int, ...] = ()
         self.owner_pid: int | None = None
         self.cursors: list[Cursor] = []
@@ -349,8 +348,9 @@ class LogRelay:
         publish = publish_batch_in_transaction if self.transactional_id else publish_batch
         spans = send_spans(self.sending_attempt)
         try:
+            # Past the producer's own delivery timeout, so that every record has its report.
             reports, fatal = publish(
-                producer, events, timeout=self.delivery_timeout + 5, spans=spans
+                producer, events, timeout=producer.delivery_timeout_seconds + 5, spans=spans
             )
         except BaseException as error:
             if spans is not None:

@@ -23,23 +23,54 @@ GUARANTEED_PRODUCER_CONFIG = {
     "max.in.flight.requests.per.connection": 5,
 }
 
+# The producer properties the relay sets itself, under each of librdkafka's names for them,
+# with the hint of check outbox.E007, which refuses them in OUTBOX["PRODUCER_CONFIG"]: the
+# relay waits for delivery reports as long as message.timeout.ms lets a record stay in flight
+# (a longer one would leave records in flight after the relay counted them as failed, to be
+# sent again: duplicates), and names and times its transactions itself.
+_FIXED = (
+    "Remove it: the outbox fixes it (an idempotent producer, acks=all, at most 5 requests in "
+    "flight)."
+)
+_DELIVERY_TIMEOUT = f"Remove it and set {outbox_settings.name('PRODUCER_DELIVERY_TIMEOUT_MS')}."
+RELAY_OWNED_PRODUCER_CONFIG = {
+    "enable.idempotence": _FIXED,
+    "acks": _FIXED,
+    "request.required.acks": _FIXED,
+    "max.in.flight.requests.per.connection": _FIXED,
+    "max.in.flight": _FIXED,
+    "message.timeout.ms": _DELIVERY_TIMEOUT,
+    "delivery.timeout.ms": _DELIVERY_TIMEOUT,
+    "transactional.id": f"Remove it and set {outbox_settings.name('RELAY_TRANSACTIONAL')} and "
+    f"{outbox_settings.name('TRANSACTIONAL_ID_PREFIX')}: each relay slot gets its own id.",
+    "transaction.timeout.ms": "Remove it: a transaction may last twice "
+    f"{outbox_settings.name('PRODUCER_DELIVERY_TIMEOUT_MS')}, at least 60 s; set that.",
+}
+
 
 def producer_config(*, transactional_id: str | None = None) -> dict[str, Any]:
+    extra = outbox_settings.PRODUCER_CONFIG
+    ignored = sorted(key for key in extra if key in RELAY_OWNED_PRODUCER_CONFIG)
+    if ignored:
+        # Check outbox.E007 refuses them, but a Celery worker starts whatever its checks find.
+        logger.warning(
+            'Outbox producer ignores %s of OUTBOX["PRODUCER_CONFIG"]: the relay sets them',
+            ", ".join(ignored),
+        )
+    delivery_timeout_ms = outbox_settings.PRODUCER_DELIVERY_TIMEOUT_MS
     config: dict[str, Any] = {
         **kafka_connection_config(),
         "linger.ms": outbox_settings.PRODUCER_LINGER_MS,
         "batch.size": outbox_settings.PRODUCER_BATCH_SIZE,
         "compression.type": outbox_settings.PRODUCER_COMPRESSION,
-        "message.timeout.ms": outbox_settings.PRODUCER_DELIVERY_TIMEOUT_MS,
-        **outbox_settings.PRODUCER_CONFIG,
+        **{key: value for key, value in extra.items() if key not in RELAY_OWNED_PRODUCER_CONFIG},
+        "message.timeout.ms": delivery_timeout_ms,
         **GUARANTEED_PRODUCER_CONFIG,
     }
     if transactional_id:
         config["transactional.id"] = transactional_id
         # A transaction may stay open at most as long as a batch may take to deliver.
-        config["transaction.timeout.ms"] = max(
-            60_000, outbox_settings.PRODUCER_DELIVERY_TIMEOUT_MS * 2
-        )
+        config["transaction.timeout.ms"] = max(60_000, delivery_timeout_ms * 2)
     return config
 
 
@@ -51,10 +82,18 @@ class RelayProducer:
         self.fatal_error: KafkaError | None = None
         self.pid = os.getpid()
         config = producer_config(transactional_id=transactional_id)
+        # How long a record may stay in flight before its delivery report says it failed: the
+        # relay waits that long for the reports of a batch, and no shorter.
+        self.delivery_timeout_seconds: float = config["message.timeout.ms"] / 1000
         config["error_cb"] = self._on_error
         self.producer = Producer(config)
         if transactional_id:
-            self.producer.init_transactions(outbox_settings.PRODUCER_DELIVERY_TIMEOUT_MS / 1000)
+            self.producer.init_transactions(self.delivery_timeout_seconds)
+            logger.debug(
+                "Outbox producer %s is ready: any earlier producer of this transactional.id "
+                "is fenced",
+                transactional_id,
+            )
 
     def _on_error(self, error: KafkaError) -> None:
         if error.fatal():

@@ -6,7 +6,7 @@ import socket
 from datetime import timedelta
 
 from billiard.process import current_process
-from celery import shared_task
+from celery import Task, shared_task
 from django.utils import timezone
 
 from outbox.conf import outbox_settings
@@ -17,16 +17,25 @@ from outbox.services.retention import outbox_event_log_purge
 logger = logging.getLogger(__name__)
 
 
-def _worker_slot() -> str:
-    # Stable across restarts of the same worker child, so a restarted relay fences its zombie.
-    index = getattr(current_process(), "index", None)
-    return f"{socket.gethostname()}-{index if index is not None else 'main'}"
+def worker_slot(*, worker_name: str | None, child_index: int | None) -> str:
+    """The relay's slot in a Celery worker: the worker's node name (`-n a@%h`; two workers of
+    one host differ by it, so they never share a transactional.id and fence each other) and the
+    pool child's index. Both stay the same when the worker restarts, or its pool replaces a
+    child (billiard gives the new child the index of the one it replaces), so a restarted
+    relay fences its zombie. Outside a worker (a task called directly) the host name stands in
+    for the node name."""
+    node = worker_name or socket.gethostname()
+    return f"{node}-{child_index if child_index is not None else 'main'}"
 
 
-@shared_task(name="outbox.tasks.relay", ignore_result=True)
-def relay() -> int:
+@shared_task(bind=True, name="outbox.tasks.relay", ignore_result=True)
+def relay(self: Task) -> int:
     """Publishes due events, looping while batches come back full."""
-    log_relay = LogRelay(transactional_id=transactional_id_for(_worker_slot()))
+    slot = worker_slot(
+        worker_name=self.request.hostname,
+        child_index=getattr(current_process(), "index", None),
+    )
+    log_relay = LogRelay(transactional_id=transactional_id_for(slot))
     try:
         return log_relay.run().published
     finally:

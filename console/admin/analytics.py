@@ -7,7 +7,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
-from unfold.decorators import action
+from django.utils.text import Truncator
+from unfold.decorators import action, display
 
 from analytics.models import (
     AnalyticsRun,
@@ -20,6 +21,9 @@ from analytics.models import (
 from analytics.services import analytics_window_default
 from console.admin.base import ReadOnlyModelAdmin
 from console.operations import analytics_run_action
+
+# Characters of a run's error its list row shows.
+ERROR_LINE_CHARS = 120
 
 
 @admin.register(AnalyticsRun)
@@ -35,10 +39,17 @@ class AnalyticsRunAdmin(ReadOnlyModelAdmin):
         "rows_read",
         "findings",
         "spark_master",
+        "error_line",
     )
     list_filter = ("status", "trigger")
     date_hierarchy = "started_at"
     actions_list = ("run_now",)
+
+    @display(description="error")
+    def error_line(self, run: AnalyticsRun) -> str:
+        """Why a run FAILED (the job's error, or the reaper's: its worker stopped), cut to a
+        line; the run's page shows it whole."""
+        return Truncator(run.error.partition("\n")[0]).chars(ERROR_LINE_CHARS)
 
     def has_run_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(AnalyticsRunPermission.RUN)

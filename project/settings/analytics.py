@@ -40,3 +40,9 @@ ANALYTICS_KAFKA_SCAN = env.bool("ANALYTICS_KAFKA_SCAN", default=True)
 ANALYTICS_KAFKA_TIMEOUT_SECONDS = env.float("ANALYTICS_KAFKA_TIMEOUT_SECONDS", default=10.0)
 # Findings kept per kind and run; the run's summary still counts all of them.
 ANALYTICS_MAX_FINDINGS_PER_KIND = env.int("ANALYTICS_MAX_FINDINGS_PER_KIND", default=10_000)
+# A running job writes its run's heartbeat this often; beat's reaper (every
+# ANALYTICS_RUN_REAP_INTERVAL_SECONDS) marks FAILED a RUNNING run with none for
+# ANALYTICS_RUN_STALE_SECONDS: its worker stopped. Keep the stale time several heartbeats long.
+ANALYTICS_RUN_HEARTBEAT_SECONDS = env.float("ANALYTICS_RUN_HEARTBEAT_SECONDS", default=30.0)
+ANALYTICS_RUN_STALE_SECONDS = env.float("ANALYTICS_RUN_STALE_SECONDS", default=300.0)
+ANALYTICS_RUN_REAP_INTERVAL_SECONDS = env.float("ANALYTICS_RUN_REAP_INTERVAL_SECONDS", default=60.0)

@@ -1,11 +1,14 @@
 """Every periodic task, in one place. django-celery-beat's DatabaseScheduler copies these
 entries into its tables, where the admin can pause them. The outbox's and the inbox's entries
 come from the package's helpers, as in any project that uses it; the analytics run and the
-console's reaper of bulk operations are this project's own."""
+reapers (of analytics runs and of bulk operations whose worker died) are this project's own."""
 
 from inbox.beat import inbox_beat_schedule
 from outbox.beat import outbox_beat_schedule
-from project.settings.analytics import ANALYTICS_INTERVAL_SECONDS
+from project.settings.analytics import (
+    ANALYTICS_INTERVAL_SECONDS,
+    ANALYTICS_RUN_REAP_INTERVAL_SECONDS,
+)
 from project.settings.inbox import INBOX
 from project.settings.outbox import OUTBOX
 
@@ -19,6 +22,10 @@ CELERY_BEAT_SCHEDULE = {
     "analytics-run": {
         "task": "analytics.tasks.run_analytics",
         "schedule": ANALYTICS_INTERVAL_SECONDS,
+    },
+    "analytics-reap-runs": {
+        "task": "analytics.tasks.reap_runs",
+        "schedule": ANALYTICS_RUN_REAP_INTERVAL_SECONDS,
     },
     # The console's: bulk operations whose worker died are resumed (or failed).
     "console-reap-bulk-operations": {

@@ -73,12 +73,18 @@ class History:
         }
 
 
-class _Kafka:
+class KafkaWriter:
+    """Writes records to the log as the relay would, each confirmed before the next."""
+
     def __init__(self) -> None:
         self.producer = Producer({**kafka_connection_config(), "linger.ms": 0})
         self.count = 0
 
-    def send(self, topic: str, key: str, event_id: str | None) -> tuple[int, int]:
+    def send(
+        self, topic: str, key: str, event_id: str | None, *, timestamp: datetime | None = None
+    ) -> tuple[int, int]:
+        """Writes one record (stamped now, as the relay's are, or at `timestamp`) and returns
+        its partition and offset."""
         delivered: list[tuple[int, int]] = []
 
         def report(error: Any, message: Any) -> None:
@@ -88,7 +94,14 @@ class _Kafka:
         headers: list[tuple[str, str | bytes | None]] = (
             [("event_id", event_id.encode())] if event_id else []
         )
-        self.producer.produce(topic, key=key, value=b"{}", headers=headers, on_delivery=report)
+        self.producer.produce(
+            topic,
+            key=key,
+            value=b"{}",
+            headers=headers,
+            on_delivery=report,
+            timestamp=int(timestamp.timestamp() * 1000) if timestamp else 0,
+        )
         self.producer.flush(30)
         assert delivered, "Kafka did not confirm the record"
         self.count += 1
@@ -192,7 +205,7 @@ def planted_history(*, topics: dict[str, str], since: datetime, seed: int = 7) -
     through the claim relay before its removal (records as migration 0012 wrote them)."""
     rng = random.Random(seed)
     history = History(since=since, until=since + timedelta(hours=2), topics=topics)
-    kafka = _Kafka()
+    kafka = KafkaWriter()
     events: list[OutboxEvent] = []
     logs: dict[str, _EventLog] = {}
     messages: list[InboxMessage] = []

@@ -1,12 +1,19 @@
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.test import override_settings
 
-from analytics.errors import InvalidWindow
-from analytics.jobs import JdbcSource
+from analytics.errors import InvalidWindow, RunNoLongerRunning
+from analytics.jobs import JdbcSource, JobResult
 from analytics.models import (
     AnalyticsRun,
     DeliveryLagStat,
@@ -14,7 +21,14 @@ from analytics.models import (
     ReconciliationFinding,
     RelayStat,
 )
-from analytics.services import analytics_run_execute, analytics_window_default
+from analytics.services import (
+    _results_store,
+    analytics_run_execute,
+    analytics_runs_reap,
+    analytics_window_default,
+)
+from analytics.tasks import reap_runs
+from tests.outbox.conftest import subprocess_environment, wait_until
 
 RESULT_MODELS = (DeliveryLagStat, DuplicateStat, RelayStat, ReconciliationFinding)
 
@@ -89,3 +103,124 @@ def test_the_default_window_is_the_last_interval_the_sla_has_closed(
 ) -> None:
     since, until = analytics_window_default(now=datetime.fromisoformat(now))
     assert (since.isoformat(), until.isoformat()) == window
+
+
+def running_run(
+    *, started: timedelta, heartbeat: timedelta | None, worker: str = ""
+) -> AnalyticsRun:
+    """A RUNNING run started and last heard of (None: a run from before heartbeats) so long
+    ago."""
+    now = datetime.now(tz=UTC)
+    return AnalyticsRun.objects.create(
+        window_start=datetime(2001, 1, 1, tzinfo=UTC),
+        window_end=datetime(2001, 1, 1, 1, tzinfo=UTC),
+        started_at=now - started,
+        heartbeat_at=now - heartbeat if heartbeat is not None else None,
+        worker=worker,
+    )
+
+
+@pytest.mark.django_db
+@override_settings(ANALYTICS_RUN_STALE_SECONDS=300.0)
+def test_the_reaper_fails_the_runs_whose_worker_stopped_and_no_live_one() -> None:
+    dead = running_run(started=timedelta(hours=1), heartbeat=timedelta(minutes=6), worker="w1:42")
+    # Running for an hour, heard of 10 seconds ago: alive, however long it runs.
+    live = running_run(started=timedelta(hours=1), heartbeat=timedelta(seconds=10))
+    before_heartbeats = running_run(started=timedelta(hours=1), heartbeat=None)
+    just_started = running_run(started=timedelta(minutes=1), heartbeat=None)
+    finished = running_run(started=timedelta(hours=2), heartbeat=timedelta(hours=1))
+    AnalyticsRun.objects.filter(pk=finished.pk).update(status=AnalyticsRun.Status.SUCCEEDED)
+
+    assert reap_runs() == 2
+
+    statuses = dict(AnalyticsRun.objects.values_list("pk", "status"))
+    assert statuses == {
+        dead.pk: "FAILED",
+        live.pk: "RUNNING",
+        before_heartbeats.pk: "FAILED",
+        just_started.pk: "RUNNING",
+        finished.pk: "SUCCEEDED",
+    }
+    dead.refresh_from_db()
+    assert dead.error.startswith("the worker running it stopped: no heartbeat from w1:42 since ")
+    assert dead.error.endswith("(more than 300 s); its results were not stored")
+    assert dead.finished_at is not None
+    assert reap_runs() == 0
+
+
+@pytest.mark.django_db
+def test_a_job_whose_run_was_reaped_stores_no_results_over_the_verdict() -> None:
+    run = running_run(started=timedelta(hours=1), heartbeat=timedelta(hours=1))
+    (reaped,) = analytics_runs_reap(stale_after=timedelta(minutes=5))
+    result = JobResult(relay_stats=[])
+
+    with pytest.raises(RunNoLongerRunning):
+        _results_store(run=run, result=result, started=0.0)
+
+    run.refresh_from_db()
+    assert (run.status, run.error) == ("FAILED", reaped.error)
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(ANALYTICS_RUN_HEARTBEAT_SECONDS=0.2)
+def test_a_running_job_names_its_worker_and_keeps_its_heartbeat_fresh(spark: Any) -> None:
+    run = analytics_run_execute(
+        since=datetime(2001, 1, 1, tzinfo=UTC),
+        until=datetime(2001, 1, 1, 1, tzinfo=UTC),
+        spark=spark,
+    )
+
+    assert run.status == AnalyticsRun.Status.SUCCEEDED, run.error
+    assert run.worker == f"{socket.gethostname()}:{os.getpid()}"
+    assert run.finished_at is not None
+    assert run.heartbeat_at is not None
+    # Beats came all along the job, written by its own thread while Spark worked.
+    assert run.finished_at - run.started_at > timedelta(seconds=1)
+    assert run.heartbeat_at > run.finished_at - timedelta(seconds=1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_whose_worker_is_killed_is_reaped_and_not_before() -> None:
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "manage.py",
+            "analytics_run",
+            "--since",
+            "2001-01-01T00:00Z",
+            "--until",
+            "2001-01-01T01:00Z",
+            "--no-kafka-scan",
+        ],
+        cwd=settings.BASE_DIR,
+        env=subprocess_environment(
+            ANALYTICS_RUN_HEARTBEAT_SECONDS="0.3", SPARK_MASTER="local[1]", SPARK_DRIVER_MEMORY="1g"
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its Spark JVM too, killed with it
+    )
+    try:
+        wait_until(
+            lambda: AnalyticsRun.objects.filter(status="RUNNING").exists(),
+            timeout=120,
+            message="the job's run",
+        )
+        time.sleep(2)
+        # The job beats while it runs: a run heard of within the second is alive.
+        assert analytics_runs_reap(stale_after=timedelta(seconds=1)) == []
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait(30)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(30)
+    time.sleep(1.5)
+
+    (reaped,) = analytics_runs_reap(stale_after=timedelta(seconds=1))
+
+    run = AnalyticsRun.objects.get()
+    assert run.pk == reaped.pk
+    assert run.status == AnalyticsRun.Status.FAILED
+    assert run.worker == f"{socket.gethostname()}:{job.pid}"
+    assert run.error.startswith(f"the worker running it stopped: no heartbeat from {run.worker}")

@@ -6,6 +6,7 @@ import html
 import json
 import re
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from unittest import mock
 
@@ -14,6 +15,7 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from analytics.models import AnalyticsRun
+from analytics.services import analytics_runs_reap
 from console.models import OperatorAction
 from tests.analytics.results import result_run
 
@@ -146,3 +148,34 @@ def test_the_run_button_needs_the_run_permission() -> None:
         assert client.post(RUN_NOW).status_code == 403
     assert not delay.called
     assert not OperatorAction.objects.exists()
+
+
+def test_a_run_whose_worker_stopped_shows_failed_with_the_reaper_s_reason() -> None:
+    now = datetime.now(tz=UTC)
+    run = AnalyticsRun.objects.create(
+        window_start=datetime(2026, 3, 1, tzinfo=UTC),
+        window_end=datetime(2026, 3, 1, 1, tzinfo=UTC),
+        started_at=now - timedelta(hours=1),
+        heartbeat_at=now - timedelta(minutes=30),
+        worker="analytics-host:4242",
+    )
+    (reaped,) = analytics_runs_reap(stale_after=timedelta(minutes=5))
+    client = logged_in("analytics.view_analyticsrun")
+
+    listing = client.get("/admin/analytics/analyticsrun/")
+    detail = client.get(f"/admin/analytics/analyticsrun/{run.pk}/change/")
+
+    assert (listing.status_code, detail.status_code) == (200, 200)
+    (row,) = re.findall(
+        r"<tr[^>]*>(?:(?!</tr>).)*field-error_line(?:(?!</tr>).)*</tr>",
+        listing.content.decode(),
+        re.S,
+    )
+    cells = [html.unescape(cell).strip() for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+    assert "Failed" in cells
+    assert cells[-1].startswith(
+        "the worker running it stopped: no heartbeat from analytics-host:4242 since "
+    )
+    page = html.unescape(detail.content.decode())
+    assert reaped.error in page
+    assert "analytics-host:4242" in page

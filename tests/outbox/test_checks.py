@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.checks import run_checks
 
 from outbox.checks import check_outbox_settings
+from outbox.producer import producer_config
 
 
 def ids() -> list[str]:
@@ -20,6 +21,66 @@ def test_a_relay_interval_beat_cannot_store_is_an_error(settings):
         assert ids() == ["outbox.E005"]
     settings.OUTBOX = {**settings.OUTBOX, "RELAY_INTERVAL": 2.0}
     assert check_outbox_settings(None) == []
+
+
+def test_producer_properties_the_relay_sets_itself_are_errors_naming_what_to_set(settings):
+    settings.OUTBOX = {
+        **settings.OUTBOX,
+        "PRODUCER_CONFIG": {
+            "delivery.timeout.ms": 120_000,
+            "acks": "1",
+            "transactional.id": "mine",
+            "message.max.bytes": "4000",  # the relay does not set it: any value goes
+        },
+    }
+    assert [(m.id, m.msg, m.hint) for m in check_outbox_settings()] == [
+        (
+            "outbox.E007",
+            'OUTBOX["PRODUCER_CONFIG"] sets "delivery.timeout.ms", which the relay sets itself.',
+            'Remove it and set OUTBOX["PRODUCER_DELIVERY_TIMEOUT_MS"].',
+        ),
+        (
+            "outbox.E007",
+            'OUTBOX["PRODUCER_CONFIG"] sets "acks", which the relay sets itself.',
+            "Remove it: the outbox fixes it (an idempotent producer, acks=all, at most 5 "
+            "requests in flight).",
+        ),
+        (
+            "outbox.E007",
+            'OUTBOX["PRODUCER_CONFIG"] sets "transactional.id", which the relay sets itself.',
+            'Remove it and set OUTBOX["RELAY_TRANSACTIONAL"] and '
+            'OUTBOX["TRANSACTIONAL_ID_PREFIX"]: each relay slot gets its own id.',
+        ),
+    ]
+    for key in ("message.timeout.ms", "transaction.timeout.ms", "enable.idempotence"):
+        settings.OUTBOX = {**settings.OUTBOX, "PRODUCER_CONFIG": {key: 1}}
+        assert ids() == ["outbox.E007"]
+
+
+def test_the_producer_keeps_its_own_delivery_timeout_whatever_producer_config_says(settings):
+    settings.OUTBOX = {
+        **settings.OUTBOX,
+        "PRODUCER_DELIVERY_TIMEOUT_MS": 1000,
+        "PRODUCER_CONFIG": {
+            "message.timeout.ms": 60_000,
+            "delivery.timeout.ms": 60_000,
+            "transaction.timeout.ms": 900_000,
+            "transactional.id": "shared",
+            "max.in.flight": 100,
+            "message.max.bytes": 4000,
+        },
+    }
+
+    config = producer_config(transactional_id="outbox-relay-a@host-1")
+
+    assert config["message.timeout.ms"] == 1000
+    assert "delivery.timeout.ms" not in config
+    assert "max.in.flight" not in config
+    assert config["max.in.flight.requests.per.connection"] == 5
+    assert config["transactional.id"] == "outbox-relay-a@host-1"
+    assert config["transaction.timeout.ms"] == 60_000
+    assert config["message.max.bytes"] == 4000
+    assert "transactional.id" not in producer_config()
 
 
 def test_stale_relay_ticks_expire_instead_of_piling_up(settings):

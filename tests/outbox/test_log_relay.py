@@ -1,6 +1,8 @@
 import json
+import logging
 import re
 import signal
+import socket
 import threading
 import uuid
 from collections import Counter
@@ -29,6 +31,7 @@ from outbox.services.event_log import (
 )
 from outbox.services.retention import outbox_event_log_purge
 from outbox.tasks import relay as relay_task
+from outbox.tasks import worker_slot
 from tests.conftest import connect_outside_django
 from tests.outbox.conftest import (
     assert_order_per_key,
@@ -229,15 +232,22 @@ def test_a_head_that_keeps_failing_waits_for_an_operator_after_its_last_attempt(
     assert OutboxDelivery.objects.filter(outcome="FAILED").count() == 2
 
 
+# A longer delivery timeout given in PRODUCER_CONFIG (refused by check outbox.E007) would
+# leave the records in flight after the relay stopped waiting for them; the producer ignores it.
+@pytest.mark.parametrize("extra_config", [{}, {"delivery.timeout.ms": 60_000}])
 def test_with_the_broker_unreachable_the_batch_waits_and_no_key_is_held(
-    kafka_topic, kafka_consumer_config, log_relay, settings
+    kafka_topic, kafka_consumer_config, log_relay, settings, extra_config
 ):
     topic = kafka_topic()
     events = publish_events(topic, 5, keys=5)
     reachable = settings.KAFKA_EVENTS
     # Nothing listens there.
     settings.KAFKA_EVENTS = {**reachable, "BOOTSTRAP_SERVERS": "127.0.0.1:1"}
-    settings.OUTBOX = {**settings.OUTBOX, "PRODUCER_DELIVERY_TIMEOUT_MS": 1000}
+    settings.OUTBOX = {
+        **settings.OUTBOX,
+        "PRODUCER_DELIVERY_TIMEOUT_MS": 1000,
+        "PRODUCER_CONFIG": {**settings.OUTBOX.get("PRODUCER_CONFIG", {}), **extra_config},
+    }
     during_outage = log_relay()
 
     outage = during_outage.run(max_seconds=0.1)
@@ -385,6 +395,39 @@ def test_beat_runs_the_relay_and_gives_its_shards_back(kafka_topic):
 
     assert published_ids() == {str(e.id): 1 for e in events}
     assert _in_own_session(lambda: shards_lock(shards=ALL_SHARDS)) == list(ALL_SHARDS)
+
+
+def test_celery_workers_of_one_host_relay_under_transactional_ids_of_their_own(
+    kafka_topic, settings, caplog
+):
+    settings.OUTBOX = {**settings.OUTBOX, "RELAY_TRANSACTIONAL": True}
+    topic = kafka_topic()
+    run = uuid.uuid4().hex[:8]
+    # `celery worker -n a@%h` and `-n b@%h` on one host; a runs again after a restart.
+    workers = [f"a-{run}@{socket.gethostname()}", f"b-{run}@{socket.gethostname()}"]
+    ready: list[str] = []
+    caplog.set_level(logging.DEBUG, logger="outbox.producer")
+
+    for number, worker in enumerate([*workers, workers[0]]):
+        publish_events(topic, 2, start=2 * number)
+        relay_task.push_request(hostname=worker)  # what a worker's request carries
+        try:
+            assert relay_task.run() == 2
+        finally:
+            relay_task.pop_request()
+            close_producers()  # the worker stops; its successor makes a producer afresh
+        ready += [r.args[0] for r in caplog.records if "is ready" in r.getMessage()]
+        caplog.clear()
+
+    assert ready == [transactional_id_for(f"{worker}-main") for worker in [*workers, workers[0]]]
+    assert len(set(ready)) == 2
+
+
+def test_a_worker_slot_is_its_node_name_and_pool_child_index():
+    assert worker_slot(worker_name="a@host", child_index=1) == "a@host-1"
+    assert worker_slot(worker_name="a@host", child_index=2) == "a@host-2"
+    assert worker_slot(worker_name="b@host", child_index=1) == "b@host-1"
+    assert worker_slot(worker_name=None, child_index=None) == f"{socket.gethostname()}-main"
 
 
 def test_a_record_over_its_topic_limit_is_refused_before_producing_and_holds_its_key(

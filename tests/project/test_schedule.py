@@ -50,6 +50,8 @@ def test_the_projects_schedule_is_the_helpers_entries_its_analytics_run_and_bulk
     expected = {**outbox_beat_schedule(OUTBOX), **inbox_beat_schedule(INBOX)}
     schedule = settings.CELERY_BEAT_SCHEDULE
     assert {key: schedule[key] for key in expected} == expected
-    own = {"analytics-run", "console-reap-bulk-operations"}
+    own = {"analytics-run", "analytics-reap-runs", "console-reap-bulk-operations"}
     assert set(schedule) - set(expected) == own
+    assert schedule["analytics-reap-runs"]["task"] == "analytics.tasks.reap_runs"
+    assert schedule["console-reap-bulk-operations"]["task"] == "console.reap_bulk_operations"
     assert {schedule[key]["task"] for key in own} <= _registered_tasks()

@@ -32,6 +32,8 @@ class AnalyticsRunSerializer(serializers.ModelSerializer):
             "findings",
             "summary",
             "error",
+            "worker",
+            "heartbeat_at",
         )
         read_only_fields = fields
 
