@@ -1,28 +1,58 @@
 """The scenarios: which processes run, and the fault schedule that strikes while events flow.
 
-Nineteen must pass (0 lost, 0 duplicate effects, 0 order inversions, nothing stuck); the
+Twenty-one must pass (0 lost, 0 duplicate effects, 0 order inversions, nothing stuck); the
 `broken-*` ones run a deliberately broken consumer or relay and must fail the check, which
 shows the checker can fail."""
 
+import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
+from django.utils import timezone
 
+import outbox
+from outbox.conf import outbox_settings
 from outbox.models import OutboxDelivery, OutboxEvent
 from outbox.selectors import outbox_events_with_delivery
+from outbox.services.event_log import (
+    ALL_SHARDS,
+    SHARD_LOCK_CLASS,
+    Cursor,
+    Tick,
+    batch_read,
+    tick_latest_after,
+)
+from outbox.services.nudge import nudge_redis_url
+from outbox.services.partitions import day_start, partition_create, partitions_read
+from outbox.services.retention import outbox_event_log_purge
 from scenarios import faults
-from scenarios.conf import FAILURE_PERCENT_VARIABLE, REFUSED_EVENT_VARIABLE
-from scenarios.runner import PARTITIONS, SESSION_NAME_PREFIX, Managed, Run, Scenario
+from scenarios.conf import (
+    AGGREGATE_TYPE,
+    EVENT_TYPE,
+    FAILURE_PERCENT_VARIABLE,
+    REFUSED_EVENT_VARIABLE,
+)
+from scenarios.models import ScenarioEffect
+from scenarios.runner import (
+    PARTITIONS,
+    SESSION_NAME_PREFIX,
+    Killed,
+    Managed,
+    Run,
+    Scenario,
+    create_topic,
+)
 
 # Wait after a broker restart, so every round starts from a healthy cluster.
 HEALTHY_WAIT_SECONDS = 120.0
@@ -500,9 +530,11 @@ def _session_xmin(pid: int) -> str | None:
     return row[0] if row else None
 
 
-def _open_snapshot(run: Run, reader: psycopg.Connection) -> dict[str, Any]:
+def _open_snapshot(
+    run: Run, reader: psycopg.Connection, *, read: str = "SELECT count(*) FROM outbox_event"
+) -> dict[str, Any]:
     reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-    reader.execute("SELECT count(*) FROM outbox_event").fetchone()
+    reader.execute(read).fetchone()
     pid = reader.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
     return {"pid": pid, "xmin": _session_xmin(pid), "published": _published_count(run)}
 
@@ -652,6 +684,517 @@ def _check_takeovers(run: Run) -> None:
         run.extra_problems.append(
             f"the shards did not change hands: only {sorted(map(str, publishers))} published"
         )
+
+
+# 18: the on-commit nudge, end to end ------------------------------------------------------
+
+# Beat's relay tick in nudge-path: too rare to keep the publish lag under NUDGE_LAG_P99_SECONDS,
+# so that only the nudges (publish -> on_commit -> Redis -> the worker's relay task) can.
+NUDGE_PATH_RELAY_INTERVAL_SECONDS = 60
+NUDGE_LAG_P99_SECONDS = 0.5
+NUDGE_WORKER_KILLS = 2
+# How long the restarted worker may take to run a relay task again.
+WORKER_BACK_SECONDS = 60.0
+RELAY_TASK_SUCCEEDED = re.compile(r"Task outbox\.tasks\.relay\[[^]]+\] succeeded in [\d.]+s: (\d+)")
+RELAY_TICK_SENT = re.compile(r"Sending due task outbox-relay\b")
+WORKER_READY = re.compile(r"@\S+ ready\.")
+
+
+def _nudge_path_start(run: Run) -> None:
+    """Two consumers, a Celery worker, and beat with a relay tick every 60 s; no
+    `outbox_relay`. The writers are the runner's own publish() calls, whose transactions nudge
+    the worker on commit."""
+    run.extra["nudge"] = {
+        "on_commit": outbox_settings.NUDGE_ON_COMMIT,
+        "min_interval_ms": outbox_settings.NUDGE_MIN_INTERVAL_MS,
+        "redis": nudge_redis_url(),
+        "beat_relay_interval_seconds": NUDGE_PATH_RELAY_INTERVAL_SECONDS,
+    }
+    if not outbox_settings.NUDGE_ON_COMMIT:
+        run.extra_problems.append('OUTBOX["NUDGE_ON_COMMIT"] is off where the events are written')
+    env = {"OUTBOX_RELAY_INTERVAL": str(NUDGE_PATH_RELAY_INTERVAL_SECONDS)}
+    _standard(run, relays=0)
+    # One pool process: a task in a second one mostly found every shard held by the task
+    # running in the first and ended with nothing, and its first send paid for a producer.
+    worker = run.add_celery_worker(1, concurrency=1, env=env)
+    run.add_celery_beat(1, env=env)
+    # The writing starts once a nudge has had the worker publish an event (on a topic of its
+    # own): a relay task's first send creates its process's producer, which takes most of a
+    # second, and belongs to the worker's start-up, not to the nudge path.
+    warm_up = f"{run.topic}.warm-up"
+    create_topic(warm_up)
+    with transaction.atomic():
+        event = outbox.publish(
+            aggregate_type=AGGREGATE_TYPE,
+            aggregate_id="warm-up",
+            event_type=EVENT_TYPE,
+            payload={"warm_up": True},
+            topic=warm_up,
+        )
+    began = time.monotonic()
+    while not _published_event(event.id):
+        if time.monotonic() - began > WORKER_BACK_SECONDS:
+            run.extra_problems.append(
+                f"no nudged relay task published in {WORKER_BACK_SECONDS:.0f} s of the start"
+            )
+            break
+        time.sleep(0.1)
+    run.extra["nudge"]["warm_up_seconds"] = round(time.monotonic() - began, 1)
+    run.extra["nudge"]["worker_ready"] = bool(WORKER_READY.search(worker.log_text()))
+
+
+def _published_event(event_id: Any) -> bool:
+    return OutboxDelivery.objects.filter(
+        event_id=event_id, outcome=OutboxDelivery.Outcome.PUBLISHED
+    ).exists()
+
+
+def _relay_task_running(worker: Managed) -> bool:
+    """Whether a relay task of the worker runs now: a session of its (application_name, which
+    its pool inherits) holds shard locks, which a relay run takes first and gives back last."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT EXISTS (
+                SELECT 1 FROM pg_locks AS held JOIN pg_stat_activity AS session USING (pid)
+                WHERE held.locktype = 'advisory' AND held.granted AND held.objsubid = 2
+                  AND held.classid = %s::bigint::oid AND session.application_name = %s
+            )
+            """,
+            [SHARD_LOCK_CLASS, f"{SESSION_NAME_PREFIX}{worker.name}"],
+        )
+        return bool(cursor.fetchone()[0])
+
+
+def _log_of_start(process: Managed, start: int) -> str:
+    """What the process's start number `start` wrote so far."""
+    log = process.log_text()
+    marker = log.find(f"--- start {start} at ")
+    return "" if marker < 0 else log[marker:]
+
+
+def _wait_worker_back(worker: Managed, *, starts_before: int) -> float | None:
+    """Waits until the worker, started again by the supervisor, has run a relay task that
+    published events: the backlog of its outage, up to that task's last batch, is out. Returns
+    the seconds it took, or None after WORKER_BACK_SECONDS."""
+    began = time.monotonic()
+    while time.monotonic() - began < WORKER_BACK_SECONDS:
+        start = worker.starts
+        log = _log_of_start(worker, start) if start > starts_before else ""
+        if any(int(published) for published in RELAY_TASK_SUCCEEDED.findall(log)):
+            return time.monotonic() - began
+        time.sleep(0.1)
+    return None
+
+
+def _nudge_path_faults(run: Run) -> None:
+    worker = run.processes["worker-1"]
+    outages: list[dict[str, Any]] = []
+    run.extra["worker_outages"] = outages
+    for number in range(1, NUDGE_WORKER_KILLS + 1):
+        run.sleep(3)
+        starts_before = worker.starts
+        killed = run.kill(
+            f"SIGKILL Celery worker in the middle of a relay task ({number})",
+            worker,
+            when=partial(_relay_task_running, worker),
+            moment="a relay task holding the shards",
+        )
+        back = run.fault(
+            f"Celery worker back, a relay task published ({number})",
+            partial(_wait_worker_back, worker, starts_before=starts_before),
+        )
+        if back.result is None:
+            run.extra_problems.append(
+                f"the worker ran no relay task within {WORKER_BACK_SECONDS:.0f} s of kill {number}"
+            )
+        back.detail = f"pid {worker.pids[-1]}, {back.result or 0:.1f} s after the kill"
+        result: Killed | None = killed.result
+        outages.append(
+            {
+                "killed_pid": result.pid if result else None,
+                "signalled_at": result.signalled_at if result else killed.started_at,
+                "back_at": back.ended_at,
+                "mid_task": result.aimed if result else None,
+            }
+        )
+
+
+def _percentile(values: list[float], fraction: float) -> float | None:
+    """The value below which `fraction` of the sorted `values` lie (nearest rank)."""
+    if not values:
+        return None
+    return values[max(0, math.ceil(fraction * len(values)) - 1)]
+
+
+def _lag_figures(lags: list[float]) -> dict[str, Any]:
+    lags = sorted(lags)
+    return {
+        "events": len(lags),
+        **{
+            f"{name}_ms": None if value is None else round(value * 1000, 1)
+            for name, value in (
+                ("p50", _percentile(lags, 0.5)),
+                ("p99", _percentile(lags, 0.99)),
+                ("max", lags[-1] if lags else None),
+            )
+        },
+    }
+
+
+def _publish_lags(run: Run) -> list[tuple[datetime, datetime]]:
+    """(created, first published) of every event of the run: its outbox row's created_at and
+    the time of its first PUBLISHED delivery record."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT event.created_at, min(record.published_at)
+            FROM outbox_event AS event
+            JOIN outbox_delivery AS record ON record.event_id = event.id
+            WHERE event.topic = %s AND record.outcome = 'PUBLISHED'
+            GROUP BY event.id, event.created_at
+            """,
+            [run.topic],
+        )
+        return list(cursor.fetchall())
+
+
+def _check_nudge_path(run: Run) -> None:
+    """Publish lag p99 within NUDGE_LAG_P99_SECONDS for the events that no worker outage held
+    back (an event created before the restarted worker's first relay task and published after
+    the signal waited for it), the relay tasks came from nudges, and beat sent few ticks."""
+    outages = run.extra.get("worker_outages", [])
+    steady: list[float] = []
+    held_back: list[float] = []
+    every: list[float] = []
+    for created, first_published in _publish_lags(run):
+        lag = (first_published - created).total_seconds()
+        every.append(lag)
+        waited = any(
+            created < outage["back_at"] and first_published > outage["signalled_at"]
+            for outage in outages
+        )
+        (held_back if waited else steady).append(lag)
+    run.extra["publish_lag"] = {
+        "all": _lag_figures(every),
+        "outside_worker_outages": _lag_figures(steady),
+        "held_back_by_worker_outages": _lag_figures(held_back),
+    }
+    worker = run.processes["worker-1"].log_text()
+    published = [int(n) for n in RELAY_TASK_SUCCEEDED.findall(worker)]
+    run.extra["relay_tasks"] = {
+        "succeeded": len(published),
+        "published": sum(published),
+        "beat_ticks_sent": len(RELAY_TICK_SENT.findall(run.processes["beat-1"].log_text())),
+    }
+    p99 = run.extra["publish_lag"]["outside_worker_outages"]["p99_ms"]
+    lag = run.extra["publish_lag"]
+    run.extra["summary"] = [
+        f"publish lag (created -> first PUBLISHED record) of {lag['all']['events']:,} events: "
+        f"p50 {lag['all']['p50_ms']} ms, p99 {lag['all']['p99_ms']} ms, max "
+        f"{lag['all']['max_ms']} ms; outside the worker's outages p99 {p99} ms (limit "
+        f"{NUDGE_LAG_P99_SECONDS * 1000:.0f} ms); {lag['held_back_by_worker_outages']['events']}"
+        f" events held back by them, max {lag['held_back_by_worker_outages']['max_ms']} ms",
+        f"relay tasks run by the worker: {run.extra['relay_tasks']['succeeded']}, beat relay "
+        f"ticks sent: {run.extra['relay_tasks']['beat_ticks_sent']}",
+    ]
+    if p99 is None or p99 > NUDGE_LAG_P99_SECONDS * 1000:
+        run.extra_problems.append(
+            f"publish lag p99 {p99} ms outside the worker's outages, over "
+            f"{NUDGE_LAG_P99_SECONDS * 1000:.0f} ms"
+        )
+    if run.extra["relay_tasks"]["succeeded"] <= run.extra["relay_tasks"]["beat_ticks_sent"]:
+        run.extra_problems.append(
+            f"no more relay tasks than beat ticks: {run.extra['relay_tasks']}"
+        )
+
+
+# 19: a transaction left idle, holding its snapshot, while events flow and retention runs --
+
+# The held transaction is sampled this many times, evenly over the hold.
+IDLE_SAMPLES = 10
+# What the idle session read: a business table, not the event table (the transaction of
+# long-snapshot reads that), so that retention's drops need no lock it holds.
+IDLE_READ = "SELECT count(*) FROM scenario_effect"
+# The relay's batch read is timed this many times at each sample; the median is kept.
+BATCH_READ_PROBES = 5
+# The last sample's batch read may take this many times the median of the first half's,
+# plus the allowance (a read of a few milliseconds on a busy 2-core machine varies by more
+# than the factor).
+BATCH_READ_FACTOR = 3.0
+BATCH_READ_ALLOWANCE_MS = 10.0
+# Retention runs at each sample with this retention instead of OUTBOX["RETENTION_DAYS"]: every
+# day that has ended goes once the relay is past its events. A day of events this many days
+# old (a hundredth of the run, at least OLD_DAY_MIN_EVENTS), which the relay publishes first,
+# is there for it to drop while the transaction is held.
+IDLE_RETENTION = timedelta(days=0)
+OLD_DAY_AGE_DAYS = 3
+OLD_DAY_MIN_EVENTS = 100
+DEAD_TUPLES_OF = ("outbox_tick", "outbox_relay_cursor", "outbox_delivery", "inbox_message")
+
+
+def _old_day_seed(run: Run) -> None:
+    """Events of a day past, on a topic of their own, in that day's partition (or the one
+    that covers it, such as the partition migration 0014 made of the days before it), as a
+    deployment that has run for days holds. The relay publishes them first."""
+    day = (timezone.now() - timedelta(days=OLD_DAY_AGE_DAYS)).date()
+    covering = [p for p in partitions_read(table="outbox_event") if p.covers(day)]
+    partition = covering[0].name if covering else partition_create(table="outbox_event", day=day)
+    topic = f"{run.topic}.old-day"
+    create_topic(topic)
+    count = max(OLD_DAY_MIN_EVENTS, run.events // 100)
+    created_at = day_start(day) + timedelta(hours=12)
+    OutboxEvent.objects.bulk_create(
+        [
+            OutboxEvent(
+                aggregate_type=AGGREGATE_TYPE,
+                aggregate_id=f"old{n % 100}",
+                event_type=EVENT_TYPE,
+                payload={"n": n},
+                topic=topic,
+                key=f"old{n % 100}",
+                created_at=created_at,
+            )
+            for n in range(count)
+        ],
+        batch_size=1000,
+    )
+    run.extra["old_day"] = {"partition": partition, "events": count}
+
+
+def _idle_transaction_start(run: Run) -> None:
+    # Earlier runs' events were deleted (prepare_database): their dead tuples go first, so
+    # that any dead tuple counted during the hold is this run's. The delete's counts are
+    # flushed to the statistics before the VACUUM's, which would otherwise add them back.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute("SELECT 1")
+        cursor.execute("VACUUM outbox_event")
+    run.extra["dead_tuples_at_start"] = _event_table_figures(run.topic)["dead_tuples"]
+    _old_day_seed(run)
+    _standard(run)
+
+
+def _latest_tick() -> Tick:
+    tick = tick_latest_after(tick_id=0)
+    assert tick is not None  # the event log always holds one (event_log_start_afresh)
+    return tick
+
+
+def _batch_read_ms(since: Tick, until: Tick) -> tuple[float, int]:
+    """The relay's batch read (the events committed between two ticks, in commit order, up to
+    a batch) of the span since `since`, timed: the median of BATCH_READ_PROBES reads in
+    milliseconds, and the events one read returned."""
+    times, events = [], 0
+    for _ in range(BATCH_READ_PROBES):
+        began = time.perf_counter()
+        events = len(
+            batch_read(
+                cursor=Cursor(shards=ALL_SHARDS, tick_id=since.id),
+                since=since,
+                until=until,
+                limit=outbox_settings.BATCH_SIZE,
+            )
+        )
+        times.append((time.perf_counter() - began) * 1000)
+    return statistics.median(times), events
+
+
+def _event_table_figures(topic: str) -> dict[str, Any]:
+    """The event table's size (every partition, indexes included), live events, dead tuples."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute(
+            """
+            SELECT coalesce(sum(pg_total_relation_size(tree.relid)), 0),
+                   coalesce(sum(stats.n_dead_tup), 0), coalesce(sum(stats.n_live_tup), 0)
+            FROM pg_partition_tree('outbox_event') AS tree
+            LEFT JOIN pg_stat_user_tables AS stats ON stats.relid = tree.relid
+            WHERE tree.isleaf
+            """
+        )
+        size, dead, live = cursor.fetchone()
+        cursor.execute(
+            "SELECT relname, n_dead_tup FROM pg_stat_user_tables WHERE relname = ANY(%s)",
+            [list(DEAD_TUPLES_OF)],
+        )
+        others = dict(cursor.fetchall())
+        cursor.execute("SELECT count(*) FROM outbox_event WHERE topic = %s", [topic])
+        events = cursor.fetchone()[0]
+    return {
+        "bytes": int(size),
+        "dead_tuples": int(dead),
+        "live_tuples": int(live),
+        "run_events": int(events),
+        "dead_tuples_elsewhere": {name: int(others.get(name, 0)) for name in DEAD_TUPLES_OF},
+    }
+
+
+def _interval_lag(topic: str, since: datetime, until: datetime) -> dict[str, Any]:
+    """The publish lag of the run's events first published in [since, until)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT extract(epoch FROM first.published_at - event.created_at)
+            FROM outbox_event AS event
+            JOIN (
+                SELECT event_id, min(published_at) AS published_at FROM outbox_delivery
+                WHERE outcome = 'PUBLISHED' GROUP BY event_id
+            ) AS first ON first.event_id = event.id
+            WHERE event.topic = %s AND first.published_at >= %s AND first.published_at < %s
+            """,
+            [topic, since, until],
+        )
+        return _lag_figures([float(lag) for (lag,) in cursor.fetchall()])
+
+
+def _retention_run() -> dict[str, Any]:
+    """Retention as beat's hourly task runs it (outbox.tasks.purge_published), with
+    IDLE_RETENTION, timed."""
+    began = time.perf_counter()
+    went = outbox_event_log_purge(
+        older_than=timezone.now() - IDLE_RETENTION,
+        batch_size=outbox_settings.RETENTION_BATCH_SIZE,
+    )
+    return {**went, "seconds": round(time.perf_counter() - began, 2)}
+
+
+def _idle_sample(run: Run, pid: int, since: Tick, since_at: datetime) -> dict[str, Any]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT state, backend_xmin::text FROM pg_stat_activity WHERE pid = %s", [pid]
+        )
+        row = cursor.fetchone()
+    until = _latest_tick()
+    read_ms, read_events = _batch_read_ms(since, until)
+    return {
+        "at": timezone.now(),
+        # What the consumers applied so far: the held snapshot keeps the dead row versions of
+        # the inbox's updates, which its look-ups then walk.
+        "applied": ScenarioEffect.objects.filter(consumer_group=run.group).count(),
+        "state": row[0] if row else None,
+        "xmin": row[1] if row else None,
+        "tick": until,
+        "batch_read_ms": round(read_ms, 2),
+        "batch_read_events": read_events,
+        "lag": _interval_lag(run.topic, since_at, timezone.now()),
+        "table": _event_table_figures(run.topic),
+        "retention": _retention_run(),
+    }
+
+
+def _idle_transaction(run: Run) -> None:
+    hold = run.scenario.writing_seconds(run.events)
+    database = settings.DATABASES["default"]
+    samples: list[dict[str, Any]] = []
+    run.extra["idle_samples"] = samples
+    with psycopg.connect(
+        host=database["HOST"],
+        port=database["PORT"],
+        user=database["USER"],
+        password=database["PASSWORD"],
+        dbname=database["NAME"],
+        autocommit=True,
+        application_name=f"{SESSION_NAME_PREFIX}idle-transaction",
+    ) as idle:
+        run.sleep(2)
+        opened = run.fault(
+            "transaction left idle in transaction (REPEATABLE READ, after a read)",
+            partial(_open_snapshot, run, idle, read=IDLE_READ),
+        )
+        xmin = opened.result["xmin"]
+        opened.detail = f"backend {opened.result['pid']}, xmin {xmin}"
+        run.verify(opened, seen=xmin is not None, effect="the session holds a backend_xmin")
+        since, since_at = _latest_tick(), timezone.now()
+        for number in range(1, IDLE_SAMPLES + 1):
+            run.sleep(max(0.0, opened.ended + hold * number / IDLE_SAMPLES - time.monotonic()))
+            sampled = run.fault(
+                f"sample {number}: the idle session, the relay's batch read, the event table, "
+                "retention",
+                partial(_idle_sample, run, opened.result["pid"], since, since_at),
+            )
+            sample = sampled.result
+            since, since_at = sample.pop("tick"), sample["at"]
+            sampled.detail = (
+                f"{sample['state']}, xmin {sample['xmin']}; batch read {sample['batch_read_ms']} "
+                f"ms ({sample['batch_read_events']} events); event table "
+                f"{sample['table']['bytes']:,} bytes, {sample['table']['dead_tuples']} dead "
+                f"tuples; retention {sample['retention']['partitions']} partitions dropped"
+            )
+            run.verify(
+                sampled,
+                seen=sample["state"] == "idle in transaction" and sample["xmin"] == xmin,
+                effect=f"pg_stat_activity: the session idle in transaction, backend_xmin {xmin}",
+            )
+            samples.append(sample)
+        closed = run.fault(
+            "idle transaction closed", partial(_close_snapshot, run, idle, opened.result)
+        )
+        closed.detail = f"xmin {closed.result['xmin']}"
+        run.verify(
+            closed,
+            seen=closed.result["xmin"] == xmin,
+            effect="the snapshot held until the close (the same backend_xmin)",
+        )
+    run.extra["snapshot"] = {
+        "opened": opened.result,
+        "closed": closed.result,
+        "held_seconds": round(closed.started - opened.ended, 1),
+    }
+
+
+def _check_idle_transaction(run: Run) -> None:
+    """Events were published while the transaction was held; the event table had no dead
+    tuple at any sample; the relay's batch read at the last sample took at most
+    BATCH_READ_FACTOR times the first half's median (plus the allowance); retention dropped
+    the old day while the transaction was held."""
+    samples = run.extra.get("idle_samples", [])
+    snapshot = run.extra.get("snapshot")
+    if not samples or not snapshot:
+        run.extra_problems.append("the idle transaction was not sampled")
+        return
+    run.extra["published_while_held"] = (
+        snapshot["closed"]["published"] - snapshot["opened"]["published"]
+    )
+    if run.extra["published_while_held"] <= 0:
+        run.extra_problems.append("nothing was published while the transaction was held")
+    dead = [sample["table"]["dead_tuples"] for sample in samples]
+    if any(dead):
+        run.extra_problems.append(f"dead tuples in the event table during the hold: {dead}")
+    # The first half's median, not the first sample alone: one read of a busy moment would
+    # make any bound loose, or too tight.
+    first = statistics.median(s["batch_read_ms"] for s in samples[: max(1, len(samples) // 2)])
+    last = samples[-1]["batch_read_ms"]
+    bound = BATCH_READ_FACTOR * first + BATCH_READ_ALLOWANCE_MS
+    run.extra["batch_read_bound_ms"] = round(bound, 2)
+    if last > bound:
+        run.extra_problems.append(
+            f"the relay's batch read took {last} ms at the last sample, over {bound:.1f} ms "
+            f"({BATCH_READ_FACTOR:g} x the first half's median {first} ms + "
+            f"{BATCH_READ_ALLOWANCE_MS:g})"
+        )
+    dropped = [
+        number for number, sample in enumerate(samples, 1) if sample["retention"]["partitions"] > 0
+    ]
+    run.extra["old_day"]["dropped_at_samples"] = dropped
+    if not dropped:
+        run.extra_problems.append(
+            f"retention dropped no partition while the transaction was held: {run.extra['old_day']}"
+        )
+    run.extra["summary"] = [
+        f"held {snapshot['held_seconds']} s, {run.extra['published_while_held']:,} events "
+        f"published meanwhile; retention dropped {run.extra['old_day']['partition']} at sample "
+        f"{dropped[0] if dropped else '-'}; last batch read {last} ms, bound {bound:.1f} ms",
+        "sample: batch read ms (events) | publish lag p99 ms | event table MB, dead tuples | "
+        "dead tuples of " + ", ".join(DEAD_TUPLES_OF) + " | events applied",
+        *(
+            f"  {number:2}: {s['batch_read_ms']:7.2f} ({s['batch_read_events']:4}) | "
+            f"{s['lag']['p99_ms']} | {s['table']['bytes'] / 1e6:.1f}, {s['table']['dead_tuples']}"
+            f" | {', '.join(str(n) for n in s['table']['dead_tuples_elsewhere'].values())}"
+            f" | {s['applied']:,}"
+            for number, s in enumerate(samples, 1)
+        ),
+    ]
 
 
 # Broken variants ------------------------------------------------------------------------
@@ -989,6 +1532,29 @@ SCENARIOS: dict[str, Scenario] = {
             planned_faults=15,
             keys=100,
             after=_check_handler_failures,
+        ),
+        Scenario(
+            "nudge-path",
+            "Relay only by on-commit nudges (beat every 60 s), the Celery worker SIGKILLed "
+            "mid-task",
+            False,
+            _nudge_path_start,
+            _nudge_path_faults,
+            production_seconds=25,
+            planned_faults=2 * NUDGE_WORKER_KILLS,
+            after=_check_nudge_path,
+        ),
+        Scenario(
+            "idle-transaction",
+            "A transaction idle in transaction holding its snapshot while events flow and "
+            "retention runs",
+            False,
+            _idle_transaction_start,
+            _idle_transaction,
+            production_seconds=300,
+            min_production_seconds=45,
+            planned_faults=IDLE_SAMPLES + 2,
+            after=_check_idle_transaction,
         ),
         Scenario(
             "refused-event",

@@ -128,6 +128,11 @@ class Killed:
     survivors: list[int]
     # The process's exit status as its parent saw it: -9 when the SIGKILL ended it.
     returncode: int | None = None
+    # For a kill aimed at a moment (Managed.kill's `when`): whether that moment came, read
+    # right before the signal; None for a kill at any moment.
+    aimed: bool | None = None
+    # When the signal went.
+    signalled_at: datetime | None = None
 
 
 class Managed:
@@ -199,11 +204,17 @@ class Managed:
             time.sleep(0.2)
         return False
 
-    def kill(self) -> Killed | None:
+    def kill(
+        self, *, when: Callable[[], bool] | None = None, when_timeout: float = 30.0
+    ) -> Killed | None:
         """SIGKILL to the whole process group, so that what it forked (a Celery worker's pool)
         dies with it instead of finishing its work, whether or not it would die of its
         parent's death on its own; then waits until none of the group is left. The supervisor
-        starts it again. None when it was not running."""
+        starts it again. None when it was not running.
+
+        With `when`, the signal waits (at most `when_timeout`) until `when()` is true, asked
+        right before it (a worker in the middle of a task): the gap between the answer and
+        the signal is one call."""
         process = self.process
         if process is None or process.poll() is not None:
             return None
@@ -211,7 +222,15 @@ class Managed:
         self.restart_after = float("inf")
         try:
             group = process_group(process.pid)
+            aimed = None
+            if when is not None:
+                deadline = _now() + when_timeout
+                aimed = when()
+                while not aimed and _now() < deadline and process.poll() is None:
+                    time.sleep(0.01)
+                    aimed = when()
             self.kills += 1
+            signalled_at = datetime.now(UTC)
             _kill_group(process.pid)
             returncode = process.wait(10)
             missed = spared([pid for pid in group if pid != process.pid])
@@ -226,6 +245,8 @@ class Managed:
                 spared=missed,
                 survivors=survivors,
                 returncode=returncode,
+                aimed=aimed,
+                signalled_at=signalled_at,
             )
             self.killed.append(killed)
             return killed
@@ -457,7 +478,7 @@ class Run:
         ]
         return self.add(f"consumer-{index}", argv, env=env, **options)
 
-    def add_celery_worker(self, index: int = 1, **options: Any) -> Managed:
+    def add_celery_worker(self, index: int = 1, *, concurrency: int = 2, **options: Any) -> Managed:
         return self.add(
             f"worker-{index}",
             [
@@ -471,7 +492,7 @@ class Run:
                 "--loglevel",
                 "INFO",
                 "--concurrency",
-                "2",
+                str(concurrency),
                 "--hostname",
                 f"scenario-{index}-{self.run_id}@%h",
                 "--without-gossip",
@@ -530,19 +551,31 @@ class Run:
         if not seen:
             self.extra_problems.append(f"{fault.what}: its effect was not seen ({effect})")
 
-    def kill(self, what: str, process: Managed) -> Fault:
+    def kill(
+        self,
+        what: str,
+        process: Managed,
+        *,
+        when: Callable[[], bool] | None = None,
+        moment: str = "",
+    ) -> Fault:
         """SIGKILLs a managed process as a fault, seen when the process was running and the
-        signal ended it."""
-        killed = self.fault(what, process.kill)
+        signal ended it; with `when` (Managed.kill), also only if `moment` had come, as
+        `when()` said right before the signal."""
+        killed = self.fault(what, partial(process.kill, when=when))
         result: Killed | None = killed.result
         if result is not None:
             killed.detail = f"pid {result.pid}"
-        self.verify(
-            killed,
-            seen=result is not None and result.returncode == -signal.SIGKILL,
-            effect=f"{process.name} ended by the SIGKILL, exit status -9 (it exited with "
-            f"{result.returncode if result else 'nothing: it was not running'})",
+        ended = result is not None and result.returncode == -signal.SIGKILL
+        effect = (
+            f"{process.name} ended by the SIGKILL, exit status -9 (it exited with "
+            f"{result.returncode if result else 'nothing: it was not running'})"
         )
+        if when is not None:
+            aimed = result is not None and bool(result.aimed)
+            effect += f", {moment} at the signal: {'yes' if aimed else 'no'}"
+            ended = ended and aimed
+        self.verify(killed, seen=ended, effect=effect)
         return killed
 
     def group_members(self) -> list[str] | None:
@@ -775,12 +808,12 @@ class Run:
 
     def execute(self) -> ScenarioResult:
         scenario = self.scenario
-        _create_topic(self.topic)
+        create_topic(self.topic)
         started = _now()
         supervisor = threading.Thread(target=self._supervise, name="supervisor", daemon=True)
         producer = threading.Thread(
             target=self._produce,
-            args=(scenario.production_seconds, scenario.poison),
+            args=(scenario.writing_seconds(self.events), scenario.poison),
             name="producer",
             daemon=True,
         )
@@ -878,7 +911,7 @@ class Run:
         )
 
 
-def _create_topic(topic: str) -> None:
+def create_topic(topic: str) -> None:
     client = faults.admin()
     futures = client.create_topics(
         [NewTopic(topic, num_partitions=PARTITIONS, replication_factor=faults.BROKERS)],
@@ -973,9 +1006,20 @@ class Scenario:
     keys: int = 0
     # The consumers' group protocol (INBOX_GROUP_PROTOCOL): classic, or consumer (KIP-848).
     group_protocol: str = "classic"
+    # For a scenario whose fault lasts as long as the writing (a transaction held open while
+    # events flow): production_seconds is then the writing time at full size, and a smaller
+    # run writes for proportionally less, never under this. 0: the same time at every size.
+    min_production_seconds: float = 0.0
 
     def full_events(self) -> int:
         return 20_000 if self.heavy else 100_000
+
+    def writing_seconds(self, events: int) -> float:
+        """How long a run of `events` spreads its writing over."""
+        if not self.min_production_seconds:
+            return self.production_seconds
+        scaled = self.production_seconds * events / self.full_events()
+        return max(self.min_production_seconds, min(self.production_seconds, scaled))
 
 
 def prepare_database() -> None:

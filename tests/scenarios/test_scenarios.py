@@ -8,7 +8,14 @@ import itertools
 
 import pytest
 
-from scenarios.definitions import CONCURRENT, WORKER_PROCESSES
+from scenarios.definitions import (
+    CONCURRENT,
+    IDLE_SAMPLES,
+    NUDGE_LAG_P99_SECONDS,
+    NUDGE_PATH_RELAY_INTERVAL_SECONDS,
+    NUDGE_WORKER_KILLS,
+    WORKER_PROCESSES,
+)
 from tests.scenarios.limits import TEST_TIMEOUT_SECONDS
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(TEST_TIMEOUT_SECONDS)]
@@ -263,3 +270,46 @@ def test_an_event_refused_once_holds_its_key_until_its_retry_delivers_it(scenari
     failures = result["extra"]["refused_event_failures"]
     assert len(failures) == 1, failures
     assert failures[0].startswith("REFUSED"), failures
+
+
+def test_relay_by_on_commit_nudges_alone_through_a_killed_celery_worker(scenario_run):
+    # No outbox_relay, beat's relay tick every 60 s: the events go out within the lag only
+    # because each committed transaction nudges the worker through Redis. The worker is
+    # SIGKILLed while a relay task holds the shards, restarted, and nothing is lost.
+    code, output, result = scenario_run("nudge-path")
+    assert code == 0, output
+    _passes(result, output)
+    extra = result["extra"]
+    assert extra["nudge"]["on_commit"] is True
+    assert extra["nudge"]["beat_relay_interval_seconds"] == NUDGE_PATH_RELAY_INTERVAL_SECONDS
+    assert not any(name.startswith("relay-") for name in extra["pids"]), extra["pids"]
+    assert extra["kills"]["worker-1"] == NUDGE_WORKER_KILLS
+    for killed in extra["killed"]["worker-1"]:
+        assert killed["returncode"] == -9, killed
+        assert killed["aimed"] is True, killed  # a relay task held the shards at the signal
+    lag = extra["publish_lag"]
+    assert lag["all"]["events"] == result["events"]
+    assert lag["outside_worker_outages"]["p99_ms"] <= NUDGE_LAG_P99_SECONDS * 1000, lag
+    assert extra["relay_tasks"]["succeeded"] > extra["relay_tasks"]["beat_ticks_sent"]
+    _faults_seen(result, NUDGE_WORKER_KILLS)
+
+
+def test_a_transaction_idle_in_transaction_holding_its_snapshot(scenario_run):
+    # A REPEATABLE READ transaction idle after a read holds its backend_xmin while events
+    # flow and retention runs: the event table gets no dead tuple, the relay's batch read
+    # stays bounded, and retention drops a day partition meanwhile.
+    code, output, result = scenario_run("idle-transaction")
+    assert code == 0, output
+    _passes(result, output)
+    extra = result["extra"]
+    samples = extra["idle_samples"]
+    assert len(samples) == IDLE_SAMPLES
+    xmin = extra["snapshot"]["opened"]["xmin"]
+    assert xmin is not None
+    for sample in samples:
+        assert (sample["state"], sample["xmin"]) == ("idle in transaction", xmin), sample
+        assert sample["table"]["dead_tuples"] == 0, sample
+    assert extra["published_while_held"] > 0
+    assert extra["old_day"]["dropped_at_samples"], extra["old_day"]
+    # The open, every sample, the close.
+    _faults_seen(result, IDLE_SAMPLES + 2)

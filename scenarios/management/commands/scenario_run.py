@@ -138,6 +138,9 @@ class Command(BaseCommand):
             )
             results.append(result)
             self.stdout.write(table_row(result))
+            for line in result.extra.get("summary", []):
+                # The figures a scenario reports beyond the table's (a lag, a read time).
+                self.stdout.write(f"    {line}")
             if not result.passed:
                 self.stdout.write("    " + "; ".join(result.problems()))
             if result.delivered_before_last_fault:
