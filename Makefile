@@ -69,8 +69,9 @@ browser-deps:
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver; }
 
-# 1M outbox and 1M inbox rows in the database <dev db>_console_bench, then p50/p95 of the
-# admin lists, API lists and dashboard. BENCH_CONSOLE_ARGS="--rows 100000 --runs 50" to vary.
+# 1M outbox and 1M inbox rows and their 3M attempt rows in the database <dev db>_console_bench,
+# then p50/p95 of the admin and API lists, details, attempts and the dashboard, and two
+# 100,000-row failure-group retries. BENCH_CONSOLE_ARGS="--rows 100000 --runs 50" to vary.
 bench-console: venv services-up
 	$(BIN)/python benchmarks/console_bench.py $(BENCH_CONSOLE_ARGS)
 

@@ -150,11 +150,13 @@ class InboxMessageAdmin(DeliveryAdmin):
     @display(description="Outbox event")
     def outbox_event(self, message: InboxMessage) -> str:
         event_id = _as_uuid(message.event_id)
-        event = OutboxEvent.objects.filter(pk=event_id).only("pk").first() if event_id else None
-        if event is None:
+        # exists(), not first(): first() orders by the events' commit order, and PostgreSQL
+        # then walks that index through every day partition looking for the id (a second on
+        # a million events) instead of reading the id's BRIN index.
+        if event_id is None or not OutboxEvent.objects.filter(pk=event_id).exists():
             return "not in this database's outbox"
-        url = reverse("admin:outbox_outboxevent_change", args=[event.pk])
-        return format_html('<a href="{}">{} (timeline)</a>', url, event.pk)
+        url = reverse("admin:outbox_outboxevent_change", args=[event_id])
+        return format_html('<a href="{}">{} (timeline)</a>', url, event_id)
 
     @display(description="Handler attempts, oldest first")
     def attempt_history(self, message: InboxMessage) -> str:

@@ -205,6 +205,24 @@ def test_inbox_list_and_detail(viewer, make_message):
     assert "DemoFailure" in detail
 
 
+def test_inbox_detail_links_its_outbox_event_found_without_ordering(
+    viewer, make_event, make_message
+):
+    event = make_event(OutboxEvent.Status.DONE)
+    consumed = make_message(event_id=str(event.pk), group="billing")
+    foreign = make_message(group="billing")
+    client = logged_in(viewer)
+    with CaptureQueriesContext(connection) as queries:
+        html = client.get(f"{MESSAGES}{consumed.pk}/change/").content.decode()
+    assert f'href="{EVENTS}{event.pk}/change/">{event.pk} (timeline)</a>' in html
+    # An ORDER BY would have PostgreSQL walk the commit-order index of every partition.
+    lookups = [q["sql"] for q in queries if 'FROM "outbox_event"' in q["sql"]]
+    assert lookups
+    assert not [sql for sql in lookups if "ORDER BY" in sql]
+    html = client.get(f"{MESSAGES}{foreign.pk}/change/").content.decode()
+    assert "not in this database" in html
+
+
 def test_retry_all_matching_is_offered_to_those_who_may_retry(make_user, make_message):
     make_message(InboxMessage.Status.FAILED)
     failed = {"status__exact": "FAILED"}
