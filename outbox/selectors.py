@@ -345,8 +345,8 @@ def outbox_events_in_state(events: QuerySet, *, state: str) -> QuerySet:
     The annotations are computed per row: filtered on them alone, a rare state would have
     PostgreSQL compute them for every row of the table. So each state is narrowed first by a
     condition it implies (the annotations decide among what is left):
-    - FAILED, rare and what operators look for, by the ids of the few events that can be:
-      the held heads whose attempts are spent and the events with a DISCARDED record;
+    - FAILED, rare and what operators look for, exactly by the places of the spent held heads
+      and of the events discarded last (FAILED_PLACE_SQL), no annotation computed to filter;
     - discarded by membership in the DISCARDED records (read once into a hash);
     - PENDING by the held set and the events after the relay's cursors: those committed since
       the oldest cursor's snapshot, a range of the (txid, position) index;
@@ -360,8 +360,8 @@ def outbox_events_in_state(events: QuerySet, *, state: str) -> QuerySet:
     if state == DISCARDED:
         return events.filter(pk__in=discarded, delivery_discarded_at__isnull=False)
     if state == OutboxEvent.Status.FAILED:
-        spent = held.filter(next_attempt_at__isnull=True, attempts__gt=0)
-        return events.filter(pk__in=spent.union(discarded, all=True), delivery_status=state)
+        # Exactly the FAILED events, without computing delivery_status per row.
+        return events.filter(RawSQL(FAILED_PLACE_SQL, (), output_field=BooleanField()))  # noqa: S611
     if state == OutboxEvent.Status.PENDING:
         # The transaction id is not a model field (PostgreSQL writes it); the statement is a
         # constant, the snapshot a parameter.
@@ -372,6 +372,35 @@ def outbox_events_in_state(events: QuerySet, *, state: str) -> QuerySet:
         )
         return events.filter(Q(pk__in=held) | Q(after_the_cursors), delivery_status=state)
     return events.filter(delivery_status=state)
+
+
+# The places of the FAILED events, matched through the event table's (txid, position) index as
+# the relay finds a held event (the id has only a BRIN index): the held heads whose attempts
+# are spent, and the events not held whose latest PUBLISHED or DISCARDED record is DISCARDED
+# (not published again by a replay since), found by the partial index of DISCARDED records.
+FAILED_PLACE_SQL = """
+("outbox_event"."txid", "outbox_event"."position") IN (
+    SELECT held.event_transaction_id::text::xid8, held.event_position
+    FROM outbox_held_event AS held
+    WHERE held.next_attempt_at IS NULL AND held.attempts > 0
+    UNION ALL
+    SELECT discarded_event.txid, discarded_event.position
+    FROM outbox_event AS discarded_event
+    WHERE discarded_event.id IN (
+        SELECT record.event_id FROM outbox_delivery AS record
+        WHERE record.outcome = 'DISCARDED'
+          AND NOT EXISTS (
+              SELECT 1 FROM outbox_delivery AS later
+              WHERE later.event_id = record.event_id AND later.id > record.id
+                AND later.outcome = 'PUBLISHED'
+          )
+          AND NOT EXISTS (
+              SELECT 1 FROM outbox_held_event AS held_again
+              WHERE held_again.event_id = record.event_id
+          )
+    )
+)
+"""
 
 
 def outbox_events_discarded(events: QuerySet, *, discarded: bool) -> QuerySet:

@@ -9,6 +9,7 @@ SECRET_KEY = env("SECRET_KEY")
 DATABASES = {"default": env.db("DATABASE_URL")}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DATABASES["default"]["OPTIONS"] = {**DATABASE_OPTIONS, **DATABASES["default"].get("OPTIONS", {})}  # noqa: F405
 KAFKA_EVENTS = {**KAFKA_EVENTS, "BOOTSTRAP_SERVERS": env("KAFKA_BOOTSTRAP_SERVERS")}  # noqa: F405
 
 DEBUG = False

@@ -17,6 +17,7 @@ from django.utils import timezone
 from console.models import OperatorAction
 from outbox.models import OutboxDelivery, OutboxHeldEvent
 from outbox.producer import close_producers
+from outbox.selectors import outbox_event_delivered
 from outbox.services.event_log import shard_of
 from tests.conftest import event_row_place, publish_numbered
 from tests.console.conftest import VIEW_PERMISSIONS, client_for, logged_in
@@ -154,6 +155,44 @@ def test_api_filters_on_the_delivery(viewer, log_relay_events):
     assert ids(published_before=published.isoformat()) == set()
     later = (published + timedelta(seconds=1)).isoformat()
     assert ids(published_before=later) == of("done")
+
+
+@pytest.mark.django_db
+def test_the_failed_filter_is_exactly_the_failed_delivery_status(
+    viewer, log_relay_events, make_event
+):
+    # The FAILED filter finds its events by their places, not by the delivery status computed
+    # per row: it must pick the same events the status says are FAILED, no more, no fewer.
+    start = timezone.now() - timedelta(minutes=5)
+    events = dict(log_relay_events)
+    events["replayed"] = replayed = make_event(key="k-replayed")
+    record(replayed, "DISCARDED", at=start, relay="operator")
+    record(replayed, "PUBLISHED", at=start + timedelta(seconds=1), partition=0, offset=5)
+    events["held_again"] = held_again = make_event(key="k-held-again")
+    record(held_again, "DISCARDED", at=start, relay="operator")
+    hold(held_again)
+    events["discarded_twice"] = twice = make_event(key="k-discarded-twice")
+    record(twice, "PUBLISHED", at=start, partition=0, offset=6)
+    record(twice, "DISCARDED", at=start + timedelta(seconds=1), relay="operator")
+    record(twice, "DISCARDED", at=start + timedelta(seconds=2), relay="operator")
+    events["backing_off"] = backing_off = make_event(key="k-backing-off")
+    hold(backing_off, attempts=3, next_attempt_at=timezone.now() + timedelta(minutes=1))
+
+    status = {
+        name: outbox_event_delivered(event_id=event.pk).delivery_status
+        for name, event in events.items()
+    }
+    failed = {str(events[name].pk) for name, state in status.items() if state == "FAILED"}
+    assert {name for name, state in status.items() if state == "FAILED"} == {
+        "failed",
+        "discarded",
+        "discarded_twice",
+    }
+    api_rows = client_for(viewer).get(API, {"status": "FAILED"}).json()["results"]
+    assert {row["id"] for row in api_rows} == failed
+    admin = logged_in(viewer).get(ADMIN, {"status__exact": "FAILED"})
+    assert admin.status_code == 200
+    assert {str(event.pk) for event in admin.context["cl"].result_list} == failed
 
 
 @pytest.mark.django_db

@@ -147,3 +147,31 @@ def test_the_apps_dicts_come_from_the_variables_of_the_same_names():
         "{'EXACTLY_ONCE_GROUPS': ['billing', 'shipping']} "
         "{'CLIENT_CONFIG': {'security.protocol': 'SSL'}} 3.0"
     )
+
+
+@pytest.mark.django_db
+def test_the_database_sessions_run_without_jit():
+    # The console's queries are costed past the JIT threshold; compiling them took longer than
+    # running them (project/settings/database.py).
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW jit")
+        assert cursor.fetchone() == ("off",)
+
+
+def test_production_sessions_run_without_jit_unless_the_url_says_otherwise():
+    script = (
+        "from django.conf import settings; "
+        "print(settings.DATABASES['default']['OPTIONS']['options'])"
+    )
+    default = manage("shell", "-c", script, environment=PRODUCTION_ENVIRONMENT)
+    assert default.returncode == 0, default.stderr
+    assert default.stdout.strip().splitlines()[-1] == "-c jit=off"
+    own = {
+        **PRODUCTION_ENVIRONMENT,
+        "DATABASE_URL": PRODUCTION_ENVIRONMENT["DATABASE_URL"] + "?options=-c%20jit%3Don",
+    }
+    chosen = manage("shell", "-c", script, environment=own)
+    assert chosen.returncode == 0, chosen.stderr
+    assert chosen.stdout.strip().splitlines()[-1] == "-c jit=on"
