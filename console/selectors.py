@@ -14,7 +14,7 @@ import redis
 from django.conf import settings
 from django.core.cache import cache
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Count, Model, Q, QuerySet, Sum
+from django.db.models import BooleanField, Count, Model, Q, QuerySet, Sum
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
@@ -291,8 +291,16 @@ def failure_group_rows(
     else:
         rows = rows.filter(failure_class=error_class)
     if side == "outbox":
-        held: QuerySet[Any] = rows.values_list("event_id", flat=True)
-        return OutboxEvent.objects.filter(pk__in=held)
+        # The events by their places, through the event table's (txid, position) index, as
+        # the relay finds a held event: by id (a BRIN index) each would be a scan of ranges.
+        places, params = (
+            rows.order_by().values("event_transaction_id", "event_position").query.sql_with_params()
+        )
+        # Django's own SQL of the held rows; the group's values stay parameters.
+        select = f"SELECT txid::text::xid8, position FROM ({places}) AS place(txid, position)"  # noqa: S608
+        sql = f'("outbox_event"."txid", "outbox_event"."position") IN ({select})'
+        in_group = RawSQL(sql, params, output_field=BooleanField())  # noqa: S611
+        return OutboxEvent.objects.filter(in_group)
     return rows
 
 
