@@ -7,9 +7,11 @@ console.bulk_operations like any bulk action: a reason, the audit log, a bulk op
 large group (202 and its URL).
 """
 
+from typing import Any
+
 from django.db.models import Model
 from django.urls import reverse
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -120,7 +122,7 @@ class FailureGroupViewSet(viewsets.ViewSet):
         self.throttle_scope = "" if self.action == "list" else "actions"
         return super().get_throttles()
 
-    def _list(self, request: Request) -> Response:
+    def list(self, request: Request) -> Response:
         # No filters: a parameter a client means as one must not silently return every group.
         unknown = sorted(set(request.query_params) - RESERVED_PARAMETERS)
         if unknown:
@@ -157,6 +159,14 @@ class FailureGroupViewSet(viewsets.ViewSet):
             filters={"failure_group": group},
         )
 
+    @action(detail=False, methods=["post"])
+    def retry(self, request: Request) -> Response:
+        return self._act(request, self.retry_action)
+
+    @action(detail=False, methods=["post"])
+    def discard(self, request: Request) -> Response:
+        return self._act(request, self.discard_action)
+
 
 def _permissions(model: type[Model], retry: str, discard: str) -> dict[str, list[str]]:
     view = view_permission(model)
@@ -178,6 +188,30 @@ DISCARD_DESCRIPTION = (
 )
 
 
+def _schemas(
+    output_serializer: type[FailureGroupSerializer],
+    input_serializer: type[FailureGroupActionInputSerializer],
+    *,
+    by_group: str,
+) -> dict[str, Any]:
+    """The schema of each operation of one side's failure groups."""
+    return {
+        "list": extend_schema(
+            responses=output_serializer(many=True),
+            description=LIST_DESCRIPTION.format(by_group=by_group),
+        ),
+        "retry": extend_schema(
+            request=input_serializer, responses=BULK_RESULTS, description=RETRY_DESCRIPTION
+        ),
+        "discard": extend_schema(
+            request=input_serializer, responses=BULK_RESULTS, description=DISCARD_DESCRIPTION
+        ),
+    }
+
+
+@extend_schema_view(
+    **_schemas(OutboxFailureGroupSerializer, FailureGroupActionInputSerializer, by_group="")
+)
 class OutboxFailureGroupViewSet(FailureGroupViewSet):
     """Outbox events that failed for good, grouped by error class and topic."""
 
@@ -191,32 +225,14 @@ class OutboxFailureGroupViewSet(FailureGroupViewSet):
         OutboxEvent, OutboxEventPermission.RETRY, OutboxEventPermission.DISCARD
     )
 
-    @extend_schema(
-        responses=OutboxFailureGroupSerializer(many=True),
-        description=LIST_DESCRIPTION.format(by_group=""),
+
+@extend_schema_view(
+    **_schemas(
+        InboxFailureGroupSerializer,
+        InboxFailureGroupActionInputSerializer,
+        by_group=" (and consumer group)",
     )
-    def list(self, request: Request) -> Response:
-        return self._list(request)
-
-    @extend_schema(
-        request=FailureGroupActionInputSerializer,
-        responses=BULK_RESULTS,
-        description=RETRY_DESCRIPTION,
-    )
-    @action(detail=False, methods=["post"])
-    def retry(self, request: Request) -> Response:
-        return self._act(request, self.retry_action)
-
-    @extend_schema(
-        request=FailureGroupActionInputSerializer,
-        responses=BULK_RESULTS,
-        description=DISCARD_DESCRIPTION,
-    )
-    @action(detail=False, methods=["post"])
-    def discard(self, request: Request) -> Response:
-        return self._act(request, self.discard_action)
-
-
+)
 class InboxFailureGroupViewSet(FailureGroupViewSet):
     """Inbox messages that failed for good, grouped by error class, topic and consumer
     group."""
@@ -230,28 +246,3 @@ class InboxFailureGroupViewSet(FailureGroupViewSet):
     required_permissions = _permissions(
         InboxMessage, InboxMessagePermission.RETRY, InboxMessagePermission.DISCARD
     )
-
-    @extend_schema(
-        responses=InboxFailureGroupSerializer(many=True),
-        description=LIST_DESCRIPTION.format(by_group=" (and consumer group)"),
-    )
-    def list(self, request: Request) -> Response:
-        return self._list(request)
-
-    @extend_schema(
-        request=InboxFailureGroupActionInputSerializer,
-        responses=BULK_RESULTS,
-        description=RETRY_DESCRIPTION,
-    )
-    @action(detail=False, methods=["post"])
-    def retry(self, request: Request) -> Response:
-        return self._act(request, self.retry_action)
-
-    @extend_schema(
-        request=InboxFailureGroupActionInputSerializer,
-        responses=BULK_RESULTS,
-        description=DISCARD_DESCRIPTION,
-    )
-    @action(detail=False, methods=["post"])
-    def discard(self, request: Request) -> Response:
-        return self._act(request, self.discard_action)
