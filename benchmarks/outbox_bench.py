@@ -290,7 +290,7 @@ def _publish_paced(
                         payload=load.payload(number),
                         topic=topic,
                     )
-                    number += PUBLISHER_PROCESSES
+                    number += load.processes
             cpu_seconds += time.process_time() - cpu_started
             published += load.per_transaction
             if load.committed is not None:
@@ -307,10 +307,12 @@ def _publish_paced(
 
 @dataclass
 class Load:
-    """What the publishers write: events per transaction, the aggregate type (also the prefix
-    of the keys), each event's payload by its number, and a counter shared by the processes
-    that each committed transaction adds its events to (None: not counted)."""
+    """What the publishers write, and how many processes write it: events per transaction,
+    the aggregate type (also the prefix of the keys), each event's payload by its number, and a
+    counter shared by the processes that each committed transaction adds its events to (None:
+    not counted)."""
 
+    processes: int = PUBLISHER_PROCESSES
     per_transaction: int = 10
     aggregate_type: str = "order"
     payload: Callable[[int], dict] = payload
@@ -331,7 +333,7 @@ def start_publishers(
     keys: int = KEYS,
     load: Load | None = None,
 ) -> tuple[list["ForkProcess"], "multiprocessing.Queue[tuple[int, float]]"]:
-    """Starts PUBLISHER_PROCESSES forked processes that publish `rate` events a second of
+    """Starts `load.processes` forked processes that publish `rate` events a second of
     `event_type` on `keys` keys to `topic` for `seconds` (threads of one process share its
     interpreter lock and could not offer 1,000 events/s). Returns them and the queue each
     puts its (events, CPU seconds) on when it ends. Call before this process starts a thread
@@ -344,13 +346,14 @@ def start_publishers(
     gc.collect()
     context = multiprocessing.get_context("fork")
     costs = context.Queue()
+    load = load or Load()
     publishers = [
         context.Process(
             target=_publish_paced,
-            args=(topic, event_type, rate / PUBLISHER_PROCESSES, seconds, number, costs, keys),
+            args=(topic, event_type, rate / load.processes, seconds, number, costs, keys),
             kwargs={"load": load},
         )
-        for number in range(PUBLISHER_PROCESSES)
+        for number in range(load.processes)
     ]
     for publisher in publishers:
         publisher.start()
