@@ -339,6 +339,11 @@ def percentile(values: list[float], percent: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[percent - 1]
 
 
+def ms(value: float) -> str:
+    """Milliseconds as the rows print them; "-" for a minute without any."""
+    return "-" if math.isnan(value) else f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
 def worst(values: Iterable[float]) -> float:
     """The highest, NaN (a minute without events) counting as the highest."""
     listed = list(values)
@@ -427,9 +432,6 @@ class MinuteRow:
     )
 
     def line(self) -> str:
-        def ms(value: float) -> str:
-            return "-" if math.isnan(value) else f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
-
         def megabytes(table: str) -> str:
             return f"{self.sizes[table] / 1024**2:,.1f}"
 
@@ -757,8 +759,8 @@ def report(
         )
     )
     print(
-        f"  p99 per minute, the worst: publish lag {worst(r.publish_p99 for r in rows):,.1f} ms,"
-        f" consume lag {worst(r.consume_p99 for r in rows):,.1f} ms"
+        f"  p99 per minute, the worst: publish lag {ms(worst(r.publish_p99 for r in rows))} ms,"
+        f" consume lag {ms(worst(r.consume_p99 for r in rows))} ms"
     )
     print(
         f"  console: {len(samples):,} requests, p95 {percentile(console_ms, 95):,.1f} ms,"
