@@ -61,6 +61,14 @@ bench-outbox: venv services-up
 bench-inbox: venv services-up
 	$(BIN)/python benchmarks/inbox_bench.py $(BENCH_INBOX_ARGS)
 
+# Not part of CI: the whole pipeline for 30 minutes at 1,000 events/s (writers, relay,
+# consumers, retention every minute, the console polled), one row a minute, then a summary and
+# its checks (exit code 1 when one fails); in the database <dev db>_soak, recreated each run.
+# SOAK_ARGS="--minutes 3" for a short run; `benchmarks/soak.py --help` gives the options.
+.PHONY: soak
+soak: venv services-up
+	$(BIN)/python benchmarks/soak.py $(SOAK_ARGS)
+
 # Debian's chromium and chromium-driver for the console's browser test (never a downloaded
 # browser). Needs root or sudo the first time; a no-op once they are installed.
 browser-deps:

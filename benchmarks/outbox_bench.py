@@ -48,7 +48,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -64,6 +64,9 @@ os.environ.setdefault("DEBUG", "false")
 import django  # noqa: E402
 
 if TYPE_CHECKING:
+    from multiprocessing.context import ForkProcess
+    from multiprocessing.sharedctypes import Synchronized
+
     from outbox.log_relay import LogRelay
 import psycopg  # noqa: E402
 
@@ -260,16 +263,17 @@ def _publish_paced(
     first: int,
     costs: "multiprocessing.Queue[tuple[int, float]]",
     keys: int = KEYS,
+    load: "Load | None" = None,
 ) -> None:
-    """One publisher process: `rate` events a second through outbox.publish(), 10 per
-    transaction, catching up when it falls behind. Puts (events, CPU seconds spent in the
-    publishing transactions) on `costs`."""
+    """One publisher process: `rate` events a second through outbox.publish(),
+    `load.per_transaction` per transaction, catching up when it falls behind. Puts (events,
+    CPU seconds spent in the publishing transactions) on `costs`."""
     from django.db import connection, transaction
 
     import outbox
 
-    per_transaction = 10
-    interval = per_transaction / rate
+    load = load or Load()
+    interval = load.per_transaction / rate
     started = time.perf_counter()
     next_at = started
     number = first
@@ -278,17 +282,20 @@ def _publish_paced(
         while time.perf_counter() - started < seconds:
             cpu_started = time.process_time()
             with transaction.atomic():
-                for _ in range(per_transaction):
+                for _ in range(load.per_transaction):
                     outbox.publish(
-                        aggregate_type="order",
-                        aggregate_id=f"order-{number % keys}",
+                        aggregate_type=load.aggregate_type,
+                        aggregate_id=f"{load.aggregate_type}-{number % keys}",
                         event_type=event_type,
-                        payload=payload(number),
+                        payload=load.payload(number),
                         topic=topic,
                     )
-                    number += PUBLISHER_PROCESSES
+                    number += load.processes
             cpu_seconds += time.process_time() - cpu_started
-            published += per_transaction
+            published += load.per_transaction
+            if load.committed is not None:
+                with load.committed.get_lock():
+                    load.committed.value += load.per_transaction
             next_at += interval
             pause = next_at - time.perf_counter()
             if pause > 0:
@@ -299,20 +306,39 @@ def _publish_paced(
 
 
 @dataclass
+class Load:
+    """What the publishers write, and how many processes write it: events per transaction,
+    the aggregate type (also the prefix of the keys), each event's payload by its number, and a
+    counter shared by the processes that each committed transaction adds its events to (None:
+    not counted)."""
+
+    processes: int = PUBLISHER_PROCESSES
+    per_transaction: int = 10
+    aggregate_type: str = "order"
+    payload: Callable[[int], dict] = payload
+    committed: "Synchronized[int] | None" = None
+
+
+@dataclass
 class OfferedLoad:
     rate: float  # events/s actually achieved
     publish_cpu_ms: float  # CPU milliseconds per event in the publishers' transactions
 
 
-def offer_load(
-    topic: str, rate: int, seconds: float, event_type: str = "OrderPlaced", keys: int = KEYS
-) -> OfferedLoad:
-    """Publishes `rate` events a second of `event_type` on `keys` keys to `topic` from
-    PUBLISHER_PROCESSES processes (threads of one process share its interpreter lock and
-    could not offer 1,000 events/s)."""
+def start_publishers(
+    topic: str,
+    rate: float,
+    seconds: float,
+    event_type: str = "OrderPlaced",
+    keys: int = KEYS,
+    load: Load | None = None,
+) -> tuple[list["ForkProcess"], "multiprocessing.Queue[tuple[int, float]]"]:
+    """Starts `load.processes` forked processes that publish `rate` events a second of
+    `event_type` on `keys` keys to `topic` for `seconds` (threads of one process share its
+    interpreter lock and could not offer 1,000 events/s). Returns them and the queue each
+    puts its (events, CPU seconds) on when it ends. Call before this process starts a thread
+    or a Kafka client of its own: a forked child has none of their threads."""
     from django.db import connections
-
-    from outbox.models import OutboxEvent
 
     connections.close_all()  # a forked child must open its own connection
     # A closed relay producer waits in a reference cycle for the garbage collector: collected
@@ -320,16 +346,34 @@ def offer_load(
     gc.collect()
     context = multiprocessing.get_context("fork")
     costs = context.Queue()
+    load = load or Load()
     publishers = [
         context.Process(
             target=_publish_paced,
-            args=(topic, event_type, rate / PUBLISHER_PROCESSES, seconds, number, costs, keys),
+            args=(topic, event_type, rate / load.processes, seconds, number, costs, keys),
+            kwargs={"load": load},
         )
-        for number in range(PUBLISHER_PROCESSES)
+        for number in range(load.processes)
     ]
-    started = time.perf_counter()
     for publisher in publishers:
         publisher.start()
+    return publishers, costs
+
+
+def offer_load(
+    topic: str, rate: int, seconds: float, event_type: str = "OrderPlaced", keys: int = KEYS
+) -> OfferedLoad:
+    """Publishes `rate` events a second of `event_type` on `keys` keys to `topic` from
+    PUBLISHER_PROCESSES processes, and waits for them."""
+    from django.db import connections
+
+    from outbox.models import OutboxEvent
+
+    # Done again in start_publishers, at no cost then: the clock counts the processes alone.
+    connections.close_all()
+    gc.collect()
+    started = time.perf_counter()
+    publishers, costs = start_publishers(topic, rate, seconds, event_type, keys)
     for publisher in publishers:
         publisher.join()
     elapsed = time.perf_counter() - started
@@ -357,11 +401,16 @@ WHERE event.topic = %(topic)s AND (%(type)s::text IS NULL OR event.type = %(type
   AND NOT EXISTS (SELECT 1 FROM outbox_delivery AS delivery
                   WHERE delivery.event_id = event.id AND delivery.outcome = 'PUBLISHED')
 """
+# The optional bounds let a caller measure while the load runs: the events published within
+# a window, among those created since a time (on partitions by time, the rest is not read).
 LAGS_SQL = """
 SELECT EXTRACT(EPOCH FROM min(delivery.published_at) - event.created_at) * 1000
 FROM outbox_event AS event
 JOIN outbox_delivery AS delivery ON delivery.event_id = event.id AND delivery.outcome = 'PUBLISHED'
-WHERE event.topic = %s AND event.type = %s
+WHERE event.topic = %(topic)s AND event.type = %(type)s
+  AND (%(created_from)s::timestamptz IS NULL OR event.created_at >= %(created_from)s)
+  AND (%(published_from)s::timestamptz IS NULL OR delivery.published_at >= %(published_from)s)
+  AND (%(published_before)s::timestamptz IS NULL OR delivery.published_at < %(published_before)s)
 GROUP BY event.id, event.created_at
 """
 
@@ -393,13 +442,31 @@ def delivery_counts(topic: str) -> tuple[int, int]:
         return undelivered(topic), int(cursor.fetchone()[0])
 
 
-def publish_lags(topic: str, event_type: str = "OrderPlaced") -> list[float]:
+def publish_lags(
+    topic: str,
+    event_type: str = "OrderPlaced",
+    *,
+    created_from: datetime | None = None,
+    published_from: datetime | None = None,
+    published_before: datetime | None = None,
+) -> list[float]:
     """Publish lags in milliseconds, sorted, of the published events of `event_type` on
-    `topic`: from the event's created_at to its first PUBLISHED delivery."""
+    `topic`: from the event's created_at to its first PUBLISHED delivery. With the bounds,
+    of the events created at or after `created_from` whose delivery records fall in
+    [`published_from`, `published_before`)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute(LAGS_SQL, [topic, event_type])
+        cursor.execute(
+            LAGS_SQL,
+            {
+                "topic": topic,
+                "type": event_type,
+                "created_from": created_from,
+                "published_from": published_from,
+                "published_before": published_before,
+            },
+        )
         return sorted(float(lag) for (lag,) in cursor.fetchall())
 
 
@@ -547,8 +614,9 @@ def clear_outbox() -> None:
 
 
 def dead_tuples(table: str = "outbox_event") -> int:
-    """n_dead_tup of `table` and its partitions, once this backend's statistics are flushed
-    (others flush theirs at most a second after their last transaction)."""
+    """n_dead_tup of `table` (partitioned or not) and its partitions, once this backend's
+    statistics are flushed (others flush theirs at most a second after their last
+    transaction)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
@@ -559,9 +627,10 @@ def dead_tuples(table: str = "outbox_event") -> int:
         cursor.execute(
             """
             SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables
-            WHERE relid IN (SELECT relid FROM pg_partition_tree(%s::regclass))
+            WHERE relid IN (SELECT relid FROM pg_partition_tree(%(table)s::regclass)
+                            UNION SELECT %(table)s::regclass)
             """,
-            [table],
+            {"table": table},
         )
         return int(cursor.fetchone()[0])
 
