@@ -128,61 +128,23 @@ def minute_floor(moment: datetime) -> datetime:
 
 
 def minute_partition_create(*, table: str, start: datetime) -> str:
-    """The minute [start, start + 1 min) of `table` as a partition, made as
-    outbox.services.partitions.partition_create makes a day's: a table of its own, the
-    range's rows moved out of the DEFAULT partition, attached, its BRIN summary dropped."""
-    from django.db import connection, transaction
-    from psycopg import sql
+    """The minute [start, start + 1 min) of `table` as a partition, made as retention makes a
+    day's."""
+    from outbox.services.partitions import partition_range_create
 
-    from outbox.conf import outbox_settings
-    from outbox.services.partitions import (
-        DESUMMARIZE_FIRST_RANGE_SQL,
-        PARTITION_COLUMNS,
-        default_partition,
+    return partition_range_create(
+        table=table,
+        name=f"{table}_p{start:%Y%m%d%H%M}",
+        lower=start,
+        upper=start + timedelta(minutes=1),
     )
-
-    name = f"{table}_p{start:%Y%m%d%H%M}"
-    end = start + timedelta(minutes=1)
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT set_config('lock_timeout', %s, true)",
-            [f"{outbox_settings.PARTITION_LOCK_TIMEOUT_MS}ms"],
-        )
-        cursor.execute(
-            sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS)").format(
-                sql.Identifier(name), sql.Identifier(table)
-            )
-        )
-        default = sql.Identifier(default_partition(table))
-        cursor.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(default))
-        cursor.execute(
-            sql.SQL(
-                "WITH moved AS (DELETE FROM {default} WHERE {column} >= %s AND {column} < %s"
-                " RETURNING *) INSERT INTO {name} SELECT * FROM moved"
-            ).format(
-                default=default,
-                column=sql.Identifier(PARTITION_COLUMNS[table]),
-                name=sql.Identifier(name),
-            ),
-            [start, end],
-        )
-        cursor.execute(
-            sql.SQL("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES FROM (%s) TO (%s)").format(
-                sql.Identifier(table), sql.Identifier(name)
-            ),
-            [start, end],
-        )
-        cursor.execute(DESUMMARIZE_FIRST_RANGE_SQL, [name])
-    return name
 
 
 def minute_partitions_create_ahead(*, table: str) -> list[str]:
     """In place of retention's partitions_create_ahead (days): the partitions of the minutes
     from the last one to MINUTES_AHEAD ahead that none covers. A lock that does not come in
     time leaves the minute for the next run, as retention leaves a day."""
-    from django.db import OperationalError
-
-    from outbox.services.partitions import partitions_read
+    from outbox.services.partitions import PartitionLocked, partitions_read
 
     existing = [p for p in partitions_read(table=table) if not p.is_default]
     now = minute_floor(datetime.now(UTC))
@@ -197,7 +159,7 @@ def minute_partitions_create_ahead(*, table: str) -> list[str]:
             continue
         try:
             created.append(minute_partition_create(table=table, start=start))
-        except OperationalError as error:
+        except PartitionLocked as error:
             print(f"  retention could not create the minute {start:%H:%M} of {table}: {error}")
     return created
 
