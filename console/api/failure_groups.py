@@ -22,7 +22,7 @@ from console.api.bulk import bulk_rows_response
 from console.api.exceptions import ConsoleAPIError
 from console.api.filters import RESERVED_PARAMETERS
 from console.api.permissions import view_permission
-from console.api.serializers import bulk_results_schema
+from console.api.serializers import bulk_reason_field, bulk_results_schema
 from console.models import OperatorAction
 from console.selectors import (
     FAILURE_GROUPS_SHOWN,
@@ -92,14 +92,7 @@ class FailureGroupActionInputSerializer(serializers.Serializer):
     dry_run = serializers.BooleanField(
         default=False, help_text="Only count the group's rows now (`matched`); change nothing."
     )
-    reason = serializers.CharField(
-        required=False,
-        allow_blank=True,
-        max_length=2000,
-        default="",
-        help_text="Why the rows are changed, kept in the audit log: required (not blank) "
-        "unless dry_run; a request without one gets 400 with code reason_required.",
-    )
+    reason = bulk_reason_field()
 
 
 class InboxFailureGroupActionInputSerializer(FailureGroupActionInputSerializer):

@@ -20,6 +20,18 @@ class ActionInputSerializer(serializers.Serializer):
     note = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
 
 
+def bulk_reason_field() -> serializers.CharField:
+    """A bulk action's reason, checked where the action runs (bulk_reason_cleaned)."""
+    return serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=2000,
+        default="",
+        help_text="Why the rows are changed, kept in the audit log: required (not blank) "
+        "unless dry_run; a request without one gets 400 with code reason_required.",
+    )
+
+
 class BulkInputSerializer(serializers.Serializer):
     """A bulk action's selection and its reason. Subclasses declare `ids` with their model's
     id field."""
@@ -31,14 +43,7 @@ class BulkInputSerializer(serializers.Serializer):
         help_text='The list endpoint\'s filters, e.g. {"status": "FAILED"}.',
     )
     dry_run = serializers.BooleanField(default=False)
-    reason = serializers.CharField(
-        required=False,
-        allow_blank=True,
-        max_length=2000,
-        default="",
-        help_text="Why the rows are changed, kept in the audit log: required (not blank) "
-        "unless dry_run; a request without one gets 400 with code reason_required.",
-    )
+    reason = bulk_reason_field()
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if ("ids" in attrs) == ("filter" in attrs):
