@@ -568,17 +568,23 @@ def _pg_dump() -> int:
     return len(dumped.stdout)
 
 
-def _long_snapshot(run: Run) -> None:
-    run.extra["event_updates_before"] = _event_table_updates()
+def _own_session(**options: Any) -> psycopg.Connection[Any]:
+    """A database session of the scenario's own, beside Django's, in autocommit mode."""
     database = settings.DATABASES["default"]
-    with psycopg.connect(
+    return psycopg.connect(
         host=database["HOST"],
         port=database["PORT"],
         user=database["USER"],
         password=database["PASSWORD"],
         dbname=database["NAME"],
         autocommit=True,
-    ) as reader:
+        **options,
+    )
+
+
+def _long_snapshot(run: Run) -> None:
+    run.extra["event_updates_before"] = _event_table_updates()
+    with _own_session() as reader:
         run.sleep(3)
         opened = run.fault(
             "REPEATABLE READ transaction opened", partial(_open_snapshot, run, reader)
@@ -1085,18 +1091,9 @@ def _idle_sample(run: Run, pid: int, since: Tick, since_at: datetime) -> dict[st
 
 def _idle_transaction(run: Run) -> None:
     hold = run.scenario.writing_seconds(run.events)
-    database = settings.DATABASES["default"]
     samples: list[dict[str, Any]] = []
     run.extra["idle_samples"] = samples
-    with psycopg.connect(
-        host=database["HOST"],
-        port=database["PORT"],
-        user=database["USER"],
-        password=database["PASSWORD"],
-        dbname=database["NAME"],
-        autocommit=True,
-        application_name=f"{SESSION_NAME_PREFIX}idle-transaction",
-    ) as idle:
+    with _own_session(application_name=f"{SESSION_NAME_PREFIX}idle-transaction") as idle:
         run.sleep(2)
         opened = run.fault(
             "transaction left idle in transaction (REPEATABLE READ, after a read)",
