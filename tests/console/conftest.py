@@ -243,3 +243,21 @@ def make_message(db: Any) -> Callable[..., InboxMessage]:
         return InboxMessage.objects.create(**values)
 
     return make
+
+
+TOO_LARGE = "MSG_SIZE_TOO_LARGE: Broker: Message size too large"
+TIMED_OUT = "MSG_TIMED_OUT: Local: Message timed out"
+
+
+@pytest.fixture
+def failed_events(make_event):
+    def failed(topic: str, error: str, count: int) -> list[OutboxEvent]:
+        return [
+            make_event(OutboxEvent.Status.FAILED, topic=topic, error=error) for _ in range(count)
+        ]
+
+    return {
+        "large_a": failed("orders.a", TOO_LARGE, 3),
+        "large_b": failed("orders.b", TOO_LARGE, 2),
+        "timeout_a": failed("orders.a", TIMED_OUT, 1),
+    }

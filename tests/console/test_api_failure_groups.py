@@ -10,27 +10,19 @@ from console.selectors import NO_ERROR_TEXT
 from inbox.models import InboxMessage
 from outbox.models import OutboxEvent
 from outbox.selectors import outbox_event_delivered
-from tests.console.conftest import VIEW_PERMISSIONS, client_for
+from tests.console.conftest import TOO_LARGE, VIEW_PERMISSIONS, client_for
 
 pytestmark = pytest.mark.django_db
 
 OUTBOX = "/api/outbox/failure-groups/"
 INBOX = "/api/inbox/failure-groups/"
-TOO_LARGE = "MSG_SIZE_TOO_LARGE: Broker: Message size too large"
-TIMED_OUT = "MSG_TIMED_OUT: Local: Message timed out"
 
 
 @pytest.fixture
-def failed_events(make_event):
-    def failed(topic: str, error: str, count: int) -> list[OutboxEvent]:
-        return [
-            make_event(OutboxEvent.Status.FAILED, topic=topic, error=error) for _ in range(count)
-        ]
-
+def failed_events(failed_events, make_event):
+    """The conftest's groups, and two FAILED-looking events that belong to none."""
     return {
-        "large_a": failed("orders.a", TOO_LARGE, 3),
-        "large_b": failed("orders.b", TOO_LARGE, 2),
-        "timeout_a": failed("orders.a", TIMED_OUT, 1),
+        **failed_events,
         # In no group: discarded by an operator, or still backing off.
         "discarded": [
             make_event(

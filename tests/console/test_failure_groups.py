@@ -9,28 +9,17 @@ from console.selectors import NO_ERROR_TEXT, failure_groups
 from inbox.models import InboxMessage
 from outbox.models import OutboxEvent
 from outbox.selectors import outbox_event_delivered
-from tests.console.conftest import ACTION_PERMISSIONS, VIEW_PERMISSIONS, logged_in
+from tests.console.conftest import (
+    ACTION_PERMISSIONS,
+    TOO_LARGE,
+    VIEW_PERMISSIONS,
+    logged_in,
+)
 
 pytestmark = pytest.mark.django_db
 
 EVENTS = "/admin/outbox/outboxevent/"
 MESSAGES = "/admin/inbox/inboxmessage/"
-TOO_LARGE = "MSG_SIZE_TOO_LARGE: Broker: Message size too large"
-TIMED_OUT = "MSG_TIMED_OUT: Local: Message timed out"
-
-
-@pytest.fixture
-def failed_events(make_event):
-    def failed(topic: str, error: str, count: int) -> list[OutboxEvent]:
-        return [
-            make_event(OutboxEvent.Status.FAILED, topic=topic, error=error) for _ in range(count)
-        ]
-
-    return {
-        "large_a": failed("orders.a", TOO_LARGE, 3),
-        "large_b": failed("orders.b", TOO_LARGE, 2),
-        "timeout_a": failed("orders.a", TIMED_OUT, 1),
-    }
 
 
 def test_outbox_failures_are_grouped_by_error_class_and_topic(failed_events):
