@@ -9,10 +9,10 @@ DATABASES = {
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # No JIT compilation: the console's queries (a delivery status from per-row subqueries over
-# every partition) are costed past PostgreSQL's JIT threshold, and compiling them took longer
-# than running them (measured on 1M events: a page of FAILED events 1.0 s with JIT, 0.08 s
-# without; of DONE events 6.8 s against 1.2 s). Nothing of this project runs the long
-# analytical queries JIT is for: the analytics job reads through Spark's own connections.
+# every partition) are costed past PostgreSQL's JIT threshold, and compiling them takes longer
+# than running them (EXPLAIN ANALYZE on bench-console's 1M events shows it). Nothing of this
+# project runs the long analytical queries JIT is for: the analytics job reads through Spark's
+# own connections.
 DATABASE_OPTIONS = {"options": "-c jit=off"}
 DATABASES["default"]["OPTIONS"] = {**DATABASE_OPTIONS, **DATABASES["default"].get("OPTIONS", {})}
 
