@@ -39,7 +39,7 @@ class DatabaseBacklogCollector(Collector):
         try:
             outbox = status_counts(OutboxEvent)
             inbox = status_counts(InboxMessage)
-            oldest = outbox_oldest_pending_age_seconds()
+            oldest = outbox_oldest_pending_age_seconds(outbox.backlog)
             held = inbox_held_key_counts()
         except DatabaseError:
             up = GaugeMetricFamily("console_database_up", "The database answered the scrape.")

@@ -22,6 +22,7 @@ from console.consumer_lag import ConsumerLag
 from inbox.models import InboxMessage
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
 from outbox.selectors import (
+    LogBacklog,
     outbox_last_published_at,
     outbox_log_backlog,
     outbox_log_done_count,
@@ -66,6 +67,9 @@ class StatusCounts:
     counts: dict[str, int]
     # DONE is PostgreSQL's estimate of the table minus the exact counts of the other statuses.
     done_estimated: bool
+    # The outbox's counts are read from the relay's backlog, which also has the oldest pending
+    # event: read once for both.
+    backlog: LogBacklog | None = None
 
 
 def status_counts(model: type[Model]) -> StatusCounts:
@@ -101,9 +105,9 @@ def _outbox_status_counts() -> StatusCounts:
     records = table_row_estimate(OutboxDelivery._meta.db_table)
     if max(estimate, records) > EXACT_DONE_COUNT_MAX_ROWS:
         counts["DONE"] = max(0, estimate - counts["PENDING"] - counts["FAILED"])
-        return StatusCounts(counts=counts, done_estimated=True)
+        return StatusCounts(counts=counts, done_estimated=True, backlog=backlog)
     counts["DONE"] = outbox_log_done_count()
-    return StatusCounts(counts=counts, done_estimated=False)
+    return StatusCounts(counts=counts, done_estimated=False, backlog=backlog)
 
 
 @dataclass(frozen=True)
@@ -484,7 +488,7 @@ def analytics_dashboard() -> dict[str, Any] | None:
 def console_summary() -> dict[str, Any]:
     outbox_counts = status_counts(OutboxEvent)
     inbox_counts = status_counts(InboxMessage)
-    oldest = outbox_oldest_pending_age_seconds()
+    oldest = outbox_oldest_pending_age_seconds(outbox_counts.backlog)
     now = timezone.now()
     return {
         "outbox": {

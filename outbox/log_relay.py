@@ -56,6 +56,7 @@ from outbox.services.event_log import (
     held_keys_read,
     held_orphans_drop,
     held_release,
+    record_time,
     relay_join,
     relay_leave,
     relays_running,
@@ -413,7 +414,7 @@ class LogRelay:
                         DeliveryRecord(
                             event_id=first_failed.id,
                             outcome=Outcome.FAILED,
-                            published_at=datetime.now(UTC),
+                            published_at=record_time(first_failed, datetime.now(UTC)),
                             error="the producer failed before a report",
                         ),
                     )
@@ -459,11 +460,12 @@ def _held_attempts(events: Sequence[LogEvent]) -> dict[uuid.UUID, int]:
 
 def _sent_from(reports: DeliveryReports, events: Sequence[LogEvent], *, fatal: bool) -> SentBatch:
     now = datetime.now(UTC)
+    by_id = {event.id: event for event in events}
     delivered = [
         DeliveryRecord(
             event_id=delivery.event_id,
             outcome=Outcome.PUBLISHED,
-            published_at=delivery.published_at,
+            published_at=record_time(by_id[delivery.event_id], delivery.published_at),
             partition=delivery.partition,
             offset=delivery.offset,
         )
@@ -473,7 +475,7 @@ def _sent_from(reports: DeliveryReports, events: Sequence[LogEvent], *, fatal: b
         DeliveryRecord(
             event_id=event.id,
             outcome=Outcome.FAILED,
-            published_at=now,
+            published_at=record_time(event, now),
             error=reports.failures.get(event.id, "no delivery report in time"),
         )
         for event in events

@@ -27,7 +27,12 @@ from django.db.models.functions import Coalesce, Greatest, NullIf
 from django.utils import timezone
 
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
-from outbox.services.event_log import ALL_SHARDS, HELD_EVENT_ROW_JOIN
+from outbox.services.event_log import (
+    ALL_SHARDS,
+    HELD_EVENT_ROW_JOIN,
+    RECORD_CLOCK_MARGIN,
+    RECORD_CLOCK_MARGIN_SQL,
+)
 
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations
@@ -89,10 +94,11 @@ def _quarantined_key(row: Sequence[Any]) -> QuarantinedKey:
     )
 
 
-def outbox_oldest_pending_age_seconds() -> float | None:
+def outbox_oldest_pending_age_seconds(backlog: "LogBacklog | None" = None) -> float | None:
     """Seconds since the oldest event still to be sent was created, or None when there is
-    none: the oldest of the unsent and the held, not spent, events (outbox_log_backlog)."""
-    oldest = outbox_log_backlog().oldest_pending_created_at
+    none: the oldest of the unsent and the held, not spent, events (of `backlog`, else of
+    outbox_log_backlog() read now)."""
+    oldest = (backlog or outbox_log_backlog()).oldest_pending_created_at
     return None if oldest is None else (timezone.now() - oldest).total_seconds()
 
 
@@ -164,9 +170,10 @@ def outbox_log_cursor_snapshot() -> str:
 
 # The events after the cursors with no outcome yet, not held: a range of the (txid, position)
 # index from the xmin of the oldest cursor's snapshot, each checked for an outcome through the
-# event_id indexes. The snapshot goes in as a constant, so that the planner reads the size of
-# that range from the statistics (and the end of the index).
-_UNSENT_SQL = """
+# event_id indexes of the day partitions from its creation on (RECORD_CLOCK_MARGIN). The
+# snapshot goes in as a constant, so that the planner reads the size of that range from the
+# statistics (and the end of the index).
+_UNSENT_SQL = f"""
 SELECT count(*) AS events, min(event.created_at) AS oldest
 FROM outbox_event AS event
 WHERE event.txid >= pg_snapshot_xmin(%(since)s::pg_snapshot)
@@ -174,9 +181,10 @@ WHERE event.txid >= pg_snapshot_xmin(%(since)s::pg_snapshot)
   AND NOT EXISTS (
       SELECT 1 FROM outbox_delivery AS delivery
       WHERE delivery.event_id = event.id AND delivery.outcome IN ('PUBLISHED', 'DISCARDED')
+        AND delivery.published_at >= event.created_at - {RECORD_CLOCK_MARGIN_SQL}
   )
   AND NOT EXISTS (SELECT 1 FROM outbox_held_event AS held WHERE held.event_id = event.id)
-"""
+"""  # noqa: S608 (constants only)
 
 
 def outbox_log_backlog() -> LogBacklog:
@@ -281,7 +289,11 @@ def outbox_events_with_delivery(
     new record supersedes the earlier one); an event with neither waits for the relay."""
     outcome = OutboxDelivery.Outcome
     status = OutboxEvent.Status
-    records = OutboxDelivery.objects.filter(event_id=OuterRef("pk"))
+    # Each read of an event's records probes the delivery table's day partitions from the
+    # event's creation on only (RECORD_CLOCK_MARGIN), not all of them.
+    records = OutboxDelivery.objects.filter(
+        event_id=OuterRef("pk"), published_at__gte=OuterRef("created_at") - RECORD_CLOCK_MARGIN
+    )
     published = records.filter(outcome=outcome.PUBLISHED).order_by("-id")
     final = records.filter(outcome__in=(outcome.PUBLISHED, outcome.DISCARDED)).order_by("-id")
     held = OutboxHeldEvent.objects.filter(event_id=OuterRef("pk"))
@@ -326,6 +338,13 @@ def outbox_events_with_delivery(
         delivered_partition=Subquery(published.values("kafka_partition")[:1]),
         delivered_offset=Subquery(published.values("kafka_offset")[:1]),
     )
+
+
+def outbox_event_records(event: OutboxEvent) -> QuerySet[OutboxDelivery]:
+    """The delivery records of `event`, oldest first: its attempts."""
+    return OutboxDelivery.objects.filter(
+        event_id=event.pk, published_at__gte=event.created_at - RECORD_CLOCK_MARGIN
+    ).order_by("id")
 
 
 def outbox_event_delivered(*, event_id: uuid.UUID | str) -> "DeliveredEvent":

@@ -41,10 +41,11 @@ from console.admin.base import (
 from console.models import OperatorAction
 from console.operations import outbox_event_action, outbox_key_release_action
 from console.selectors import event_consumers
-from outbox.models import OutboxDelivery, OutboxEvent, OutboxEventPermission, OutboxHeldEvent
+from outbox.models import OutboxEvent, OutboxEventPermission, OutboxHeldEvent
 from outbox.selectors import (
     DISCARDED,
     outbox_event_delivered,
+    outbox_event_records,
     outbox_events_in_state,
     outbox_events_with_delivery,
 )
@@ -364,9 +365,7 @@ class OutboxEventAdmin(DeliveryAdmin):
 
     @display(description="Delivery attempts, oldest first")
     def attempt_history(self, event: Any) -> str:
-        records = list(
-            OutboxDelivery.objects.filter(event_id=event.pk).order_by("id")[: ATTEMPTS_SHOWN + 1]
-        )
+        records = list(outbox_event_records(event)[: ATTEMPTS_SHOWN + 1])
         lines = [
             (
                 millis(record.published_at),

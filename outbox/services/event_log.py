@@ -12,7 +12,7 @@ import json
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 
@@ -64,6 +64,22 @@ class LogEvent:
     txid: int
     position: int
     shard: int
+
+
+# A delivery record is never dated before its event (record_time): the reads of one event's
+# records look from its created_at on, so that PostgreSQL skips the day partitions of the
+# delivery table before it (outbox.selectors). The records migration 0012 made from the claim
+# relay's columns carry times from another clock than created_at's (the database's, the
+# relay's); the reads allow them this much.
+RECORD_CLOCK_MARGIN = timedelta(hours=1)
+RECORD_CLOCK_MARGIN_SQL = f"interval '{int(RECORD_CLOCK_MARGIN.total_seconds())} seconds'"
+
+
+def record_time(event: "LogEvent", moment: datetime) -> datetime:
+    """The time a delivery record of `event` carries for `moment`: never before the event's
+    created_at. The relay's clock and the publisher's may differ; a record dated before its
+    event would put it in a day partition the reads skip, and make a negative lag."""
+    return max(moment, event.created_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -565,16 +581,17 @@ def held_events_discard(*, event_ids: Sequence[uuid.UUID | str]) -> int:
     now. Returns how many were discarded."""
     with connection.cursor() as db:
         db.execute(
-            """
-            WITH discarded AS (
+            f"""
+            WITH held AS (
                 DELETE FROM outbox_held_event
                 WHERE event_id = ANY(%s::uuid[])
                   AND attempts > 0 AND next_attempt_at IS NULL
-                RETURNING event_id
+                RETURNING event_id, event_transaction_id, event_position
             )
             INSERT INTO outbox_delivery (event_id, outcome, published_at, error, relay)
-            SELECT event_id, 'DISCARDED', now(), '', %s FROM discarded
-            """,
+            SELECT held.event_id, 'DISCARDED', greatest(now(), event.created_at), '', %s
+            FROM held LEFT JOIN outbox_event AS event ON {HELD_EVENT_ROW_JOIN}
+            """,  # noqa: S608 (composed of constants; values are parameters)
             [list(event_ids), OPERATOR_RELAY],
         )
         return db.rowcount

@@ -180,6 +180,12 @@ def make_event(db: Any) -> Callable[..., OutboxEvent]:
                 topic=topic,
                 headers={"tenant": "acme"},
             )
+        # A delivery record is never dated before its event (record_time): an event published
+        # or discarded in the past was created before then.
+        recorded = [moment for moment in (published_at, discarded_at) if moment is not None]
+        if recorded and min(recorded) < event.created_at:
+            created_at = min(recorded) - timedelta(seconds=1)
+            OutboxEvent.objects.filter(pk=event.pk).update(created_at=created_at)
         event.refresh_from_db()
         Status = OutboxEvent.Status
         default_attempts = {Status.FAILED.value: 10, Status.DONE.value: 1}.get(status, 0)

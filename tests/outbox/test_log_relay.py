@@ -29,6 +29,7 @@ from outbox.services.event_log import (
     shard_of,
     shards_lock,
 )
+from outbox.services.repairs import outbox_events_discard
 from outbox.services.retention import outbox_event_log_purge
 from outbox.tasks import relay as relay_task
 from outbox.tasks import worker_slot
@@ -113,6 +114,53 @@ def test_events_go_out_once_in_order_per_key_and_each_delivery_is_a_row(
     # transaction wrote (an UPDATE would have given it the relay's transaction id).
     assert rows_written_again() == 0
     assert log_relay().run().published == 0
+
+
+def test_no_delivery_record_is_dated_before_its_event_whose_writer_clock_ran_ahead(
+    kafka_topic, log_relay, settings
+):
+    """The readers of an event's records skip the delivery table's partitions before the
+    event's creation (outbox.selectors), so the relay and a discard date a record no earlier
+    than its event, whatever the writer's clock said."""
+    topic = kafka_topic()
+    settings.OUTBOX = {
+        **settings.OUTBOX,
+        "PRODUCER_CONFIG": {"message.max.bytes": "4000"},
+        "MAX_ATTEMPTS": 2,
+    }
+    ahead = timezone.now() + timedelta(hours=3)
+    ids = {}
+    with connect_outside_django(connection.settings_dict) as session:
+        for key, payload in (("sent", '{"n": 1}'), ("refused", json.dumps({"x": "x" * 5000}))):
+            ids[key] = uuid.uuid4()
+            session.execute(
+                """
+                INSERT INTO outbox_event (id, aggregatetype, aggregateid, type, payload,
+                                          headers, topic, key, created_at)
+                VALUES (%s, 'order', %s, 'OrderPlaced', %s::jsonb, '{}', %s, %s, %s)
+                """,
+                [ids[key], key, payload, topic, key, ahead],
+            )
+
+    relay = log_relay()
+    first = relay.run()
+    assert (first.published, first.failed) == (1, 1)
+    OutboxHeldEvent.objects.update(next_attempt_at=timezone.now())
+    assert relay.run().failed == 1  # its last attempt: it waits for an operator
+    assert outbox_events_discard(event_ids=[ids["refused"]]) == 1
+
+    records = list(OutboxDelivery.objects.all())
+    assert Counter((r.event_id, r.outcome) for r in records) == {
+        (ids["sent"], "PUBLISHED"): 1,
+        (ids["refused"], "FAILED"): 2,
+        (ids["refused"], "DISCARDED"): 1,
+    }
+    assert [record.published_at for record in records] == [ahead] * 4
+    sent = outbox_event_delivered(event_id=ids["sent"])
+    refused = outbox_event_delivered(event_id=ids["refused"])
+    assert (sent.delivery_status, sent.delivered_at, sent.delivery_attempts) == ("DONE", ahead, 1)
+    assert (refused.delivery_status, refused.delivery_discarded_at) == ("FAILED", ahead)
+    assert "MSG_SIZE_TOO_LARGE" in refused.delivery_error
 
 
 def test_an_event_whose_transaction_commits_after_later_ones_is_not_skipped(

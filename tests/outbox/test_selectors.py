@@ -17,6 +17,7 @@ from outbox.selectors import (
     outbox_quarantined_keys,
 )
 from outbox.services.event_log import ALL_SHARDS, shard_of
+from outbox.services.partitions import partition_create
 from tests.conftest import event_row_place
 
 pytestmark = pytest.mark.django_db
@@ -310,3 +311,30 @@ def test_the_last_publication_is_the_latest_published_record():
     record(second, "FAILED", at=now)
     record(second, "DISCARDED", at=now)
     assert outbox_last_published_at() == now - timedelta(seconds=30)
+
+
+def test_the_delivery_of_an_event_is_read_from_the_partitions_of_its_time_on():
+    """The delivery table is partitioned by day on published_at, and no record is dated before
+    its event: each of an event's per-row reads probes the partitions from the event's
+    creation on (less RECORD_CLOCK_MARGIN), not those of every day retention keeps."""
+    today = timezone.now().date()
+    # Two and three days back: beyond the margin even just after midnight.
+    older = [
+        partition_create(table="outbox_delivery", day=today - timedelta(days=days))
+        for days in (2, 3)
+    ]
+    event = _event("recent")
+    OutboxDelivery.objects.create(
+        event_id=event.id, outcome="PUBLISHED", published_at=timezone.now(), relay="r"
+    )
+
+    plan = outbox_events_with_delivery(OutboxEvent.objects.filter(pk=event.pk)).explain(
+        analyze=True
+    )
+
+    def scans_of(partition: str) -> list[str]:
+        return [line for line in plan.splitlines() if f" on {partition} " in line]
+
+    assert any("actual time" in line for line in scans_of(f"outbox_delivery_p{today:%Y%m%d}"))
+    # Pruned as the plan ran (or before): never scanned.
+    assert [line for name in older for line in scans_of(name) if "never executed" not in line] == []

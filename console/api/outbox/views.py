@@ -31,8 +31,12 @@ from console.api.serializers import (
 )
 from console.models import OperatorAction
 from console.operations import outbox_event_action, outbox_key_release_action
-from outbox.models import OutboxDelivery, OutboxEvent, OutboxEventPermission
-from outbox.selectors import outbox_event_delivered, outbox_events_with_delivery
+from outbox.models import OutboxEvent, OutboxEventPermission
+from outbox.selectors import (
+    outbox_event_delivered,
+    outbox_event_records,
+    outbox_events_with_delivery,
+)
 
 Action = OperatorAction.Action
 VIEW = [view_permission(OutboxEvent)]
@@ -84,7 +88,7 @@ class OutboxEventViewSet(viewsets.ReadOnlyModelViewSet):
     def get_queryset(self) -> QuerySet[OutboxEvent]:
         events = OutboxEvent.objects.all()
         if self.action == "attempts":
-            return events.only("pk")  # only whether the event exists
+            return events.only("pk", "created_at")  # whether it exists, where its records are
         if self.action == "list":
             # Payloads can be large; a list never needs them.
             events = events.defer("payload", "headers")
@@ -131,7 +135,7 @@ class OutboxEventViewSet(viewsets.ReadOnlyModelViewSet):
         not tried yet; the tries an earlier version made before migration 0012 are not
         listed (that migration kept their outcome and their number, not each try)."""
         event = self.get_object()
-        records = OutboxDelivery.objects.filter(event_id=event.pk)
+        records = outbox_event_records(event)
         page = self.paginate_queryset(records)
         return self.get_paginated_response(OutboxDeliverySerializer(page, many=True).data)
 
