@@ -91,10 +91,10 @@ FROM (
 HELD_SQL = """
 INSERT INTO outbox_held_event (
     event_id, shard, topic, key, transaction_id, position, event_transaction_id, event_position,
-    attempts, next_attempt_at, last_error, held_at
+    event_created_at, attempts, next_attempt_at, last_error, held_at
 )
 SELECT id, mod(hashtext(key) & 2147483647, 16), topic, key, txid::text::bigint, position,
-    txid::text::bigint, position, 10,
+    txid::text::bigint, position, created_at, 10,
     NULL, 'MSG_TIMED_OUT: Local: Message timed out', created_at
 FROM outbox_event
 WHERE id IN (SELECT md5('bench-' || g)::uuid

@@ -174,9 +174,10 @@ DELIVERY_SQL = (
     """,
     """
     INSERT INTO outbox_held_event (event_id, shard, topic, key, transaction_id, position,
-        event_transaction_id, event_position, attempts, next_attempt_at, last_error, held_at)
+        event_transaction_id, event_position, event_created_at, attempts, next_attempt_at,
+        last_error, held_at)
     SELECT id, {shard}, topic, key, txid::text::bigint, position, txid::text::bigint, position,
-           %(attempts)s, NULL, error,
+           created_at, %(attempts)s, NULL, error,
            created_at + %(attempts)s * interval '1 second'
     FROM bench_event WHERE failed
     """,
@@ -414,9 +415,11 @@ BULK_OUTBOX_SQL = (
     """,
     """
     INSERT INTO outbox_held_event (event_id, shard, topic, key, transaction_id, position,
-        event_transaction_id, event_position, attempts, next_attempt_at, last_error, held_at)
+        event_transaction_id, event_position, event_created_at, attempts, next_attempt_at,
+        last_error, held_at)
     SELECT id, {shard}, topic, key, txid::text::bigint, position, txid::text::bigint, position,
-           %(attempts)s, NULL, %(error)s, created_at + %(attempts)s * interval '1 second'
+           created_at, %(attempts)s, NULL, %(error)s,
+           created_at + %(attempts)s * interval '1 second'
     FROM outbox_event WHERE topic = %(topic)s AND created_at > now() - interval '1 hour'
     """,
 )

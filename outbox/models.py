@@ -211,6 +211,9 @@ class OutboxHeldEvent(models.Model):
     # above, but for an event replayed with its own id: held again as the last of its key.
     event_transaction_id = models.BigIntegerField()
     event_position = models.BigIntegerField()
+    # The event's created_at, the event table's partition key: a read of the row probes the
+    # partition of its day only (HELD_EVENT_ROW_JOIN), not every day's.
+    event_created_at = models.DateTimeField()
     # Meaningful on the head only: its failed attempts, and when it is tried again (NULL
     # once its attempts are spent: an operator retries or discards it).
     attempts = models.PositiveIntegerField(default=0)

@@ -173,8 +173,7 @@ def outbox_log_cursor_snapshot() -> str:
 # event_id indexes of the day partitions from its creation on (RECORD_CLOCK_MARGIN). The
 # snapshot goes in as a constant, so that the planner reads the size of that range from the
 # statistics (and the end of the index).
-_UNSENT_SQL = f"""
-SELECT count(*) AS events, min(event.created_at) AS oldest
+_UNSENT_EVENTS_SQL = f"""
 FROM outbox_event AS event
 WHERE event.txid >= pg_snapshot_xmin(%(since)s::pg_snapshot)
   AND NOT pg_visible_in_snapshot(event.txid, %(since)s::pg_snapshot)
@@ -185,6 +184,7 @@ WHERE event.txid >= pg_snapshot_xmin(%(since)s::pg_snapshot)
   )
   AND NOT EXISTS (SELECT 1 FROM outbox_held_event AS held WHERE held.event_id = event.id)
 """  # noqa: S608 (constants only)
+_UNSENT_SQL = f"SELECT count(*) AS events, min(event.created_at) AS oldest {_UNSENT_EVENTS_SQL}"
 
 
 def outbox_log_backlog() -> LogBacklog:
@@ -200,11 +200,16 @@ def outbox_log_backlog() -> LogBacklog:
                        count(*) FILTER (WHERE NOT held.spent) AS waiting,
                        min(event.created_at) FILTER (WHERE NOT held.spent) AS oldest
                 FROM (
-                    SELECT event_transaction_id, event_position,
+                    SELECT event_transaction_id, event_position, event_created_at,
                            next_attempt_at IS NULL AND attempts > 0 AS spent
                     FROM outbox_held_event
                 ) AS held
-                JOIN outbox_event AS event ON {HELD_EVENT_ROW_JOIN}
+                -- Each held row's event in the partition of its day: a join would read the
+                -- whole event table into a hash instead.
+                CROSS JOIN LATERAL (
+                    SELECT event.created_at FROM outbox_event AS event
+                    WHERE {HELD_EVENT_ROW_JOIN} LIMIT 1
+                ) AS event
             )
             SELECT unsent.events, held.waiting, held.spent, least(unsent.oldest, held.oldest)
             FROM unsent, held
@@ -369,7 +374,9 @@ def outbox_events_in_state(events: QuerySet, *, state: str) -> QuerySet:
     - discarded by membership in the DISCARDED records (read once into a hash);
     - PENDING by the held set and the events after the relay's cursors: those committed since
       the oldest cursor's snapshot, a range of the (txid, position) index;
-    - DONE, the common state, fills a page at once and is not narrowed."""
+    - DONE, the common state, by leaving out the events after the cursors not sent yet, read
+      once into a hash: a relay far behind leaves thousands of them at the head of the
+      newest-first order, each of which would have its status computed to be passed over."""
     held = OutboxHeldEvent.objects.order_by().values("event_id")
     discarded = (
         OutboxDelivery.objects.filter(outcome=OutboxDelivery.Outcome.DISCARDED)
@@ -390,6 +397,12 @@ def outbox_events_in_state(events: QuerySet, *, state: str) -> QuerySet:
             output_field=BooleanField(),
         )
         return events.filter(Q(pk__in=held) | Q(after_the_cursors), delivery_status=state)
+    if state == OutboxEvent.Status.DONE:
+        # Django's expressions take positional parameters: the snapshot, at each place.
+        unsent_sql = f"SELECT event.id {_UNSENT_EVENTS_SQL}".replace("%(since)s", "%s")
+        snapshot = outbox_log_cursor_snapshot()
+        unsent = RawSQL(unsent_sql, [snapshot] * unsent_sql.count("%s"))  # noqa: S611
+        return events.exclude(pk__in=unsent).filter(delivery_status=state)
     return events.filter(delivery_status=state)
 
 

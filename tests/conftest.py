@@ -107,17 +107,23 @@ def publish_numbered(topic: str, key: str, seq: int, *, too_large: bool = False)
         )
 
 
-def event_row_place(event: Any) -> dict[str, int]:
-    """Where an event's row is, as a held row keeps it (OutboxHeldEvent's event_transaction_id
-    and event_position): the transaction id PostgreSQL gave it and its position."""
+def event_row_place(event: Any) -> dict[str, Any]:
+    """Where an event's row is, as a held row keeps it (OutboxHeldEvent's event_transaction_id,
+    event_position and event_created_at): the transaction id PostgreSQL gave it, its position
+    and its creation time (the partition key)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT txid::text::bigint, position FROM outbox_event WHERE id = %s", [event.pk]
+            "SELECT txid::text::bigint, position, created_at FROM outbox_event WHERE id = %s",
+            [event.pk],
         )
-        transaction_id, position = cursor.fetchone()
-    return {"event_transaction_id": transaction_id, "event_position": position}
+        transaction_id, position, created_at = cursor.fetchone()
+    return {
+        "event_transaction_id": transaction_id,
+        "event_position": position,
+        "event_created_at": created_at,
+    }
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -375,15 +375,17 @@ def _held_insert(
             """
             INSERT INTO outbox_held_event (event_id, shard, topic, key, transaction_id,
                                            position, event_transaction_id, event_position,
-                                           attempts, next_attempt_at, last_error, held_at)
+                                           event_created_at, attempts, next_attempt_at,
+                                           last_error, held_at)
             SELECT held.event_id, held.shard, held.topic, held.key, held.txid, held.position,
-                   held.txid, held.position, held.attempts,
+                   held.txid, held.position, held.created_at, held.attempts,
                    CASE WHEN held.attempts > 0
                         THEN now() + make_interval(secs => %s * (0.5 + random() / 2)) END,
                    held.error, now()
             FROM unnest(%s::uuid[], %s::smallint[], %s::varchar[], %s::varchar[], %s::bigint[],
-                        %s::bigint[], %s::integer[], %s::text[])
-                 AS held(event_id, shard, topic, key, txid, position, attempts, error)
+                        %s::bigint[], %s::timestamptz[], %s::integer[], %s::text[])
+                 AS held(event_id, shard, topic, key, txid, position, created_at, attempts,
+                         error)
             ON CONFLICT (event_id) DO NOTHING
             """,
             [
@@ -394,6 +396,7 @@ def _held_insert(
                 [event.key for event, _ in held],
                 [event.txid for event, _ in held],
                 [event.position for event, _ in held],
+                [event.created_at for event, _ in held],
                 [1 if failure else 0 for _, failure in held],
                 [failure.error if failure else "" for _, failure in held],
             ],
@@ -442,10 +445,12 @@ def held_heads_due(
         return [(topic, key) for topic, key in db.fetchall()]
 
 
-# A held event's row, found through the relay's index of commit order (outbox_event_txid_idx):
-# the event table has no B-tree on the id.
+# A held event's row, found through the relay's index of commit order (outbox_event_txid_idx)
+# in the partition of its creation day alone: the event table has no B-tree on the id. A join
+# PostgreSQL runs as a nested loop (a LATERAL read) probes one partition per held row.
 HELD_EVENT_ROW_JOIN = (
     "event.txid = held.event_transaction_id::text::xid8 AND event.position = held.event_position"
+    " AND event.created_at = held.event_created_at"
 )
 
 
@@ -586,7 +591,7 @@ def held_events_discard(*, event_ids: Sequence[uuid.UUID | str]) -> int:
                 DELETE FROM outbox_held_event
                 WHERE event_id = ANY(%s::uuid[])
                   AND attempts > 0 AND next_attempt_at IS NULL
-                RETURNING event_id, event_transaction_id, event_position
+                RETURNING event_id, event_transaction_id, event_position, event_created_at
             )
             INSERT INTO outbox_delivery (event_id, outcome, published_at, error, relay)
             SELECT held.event_id, 'DISCARDED', greatest(now(), event.created_at), '', %s
@@ -621,21 +626,28 @@ def held_key_release(*, topic: str, key: str) -> int:
 
 
 def held_event_replay(
-    *, event_id: uuid.UUID, topic: str, key: str, transaction_id: int, position: int
+    *,
+    event_id: uuid.UUID,
+    topic: str,
+    key: str,
+    transaction_id: int,
+    position: int,
+    created_at: datetime,
 ) -> bool:
     """Sends a published or discarded event again with its own id: it is held as the last
     event of its key, in the place of a transaction committing now, and the relay sends it
-    when its turn comes. `transaction_id` and `position` are the event row's own. False when
-    the event is held already."""
+    when its turn comes. `transaction_id`, `position` and `created_at` are the event row's
+    own. False when the event is held already."""
     with connection.cursor() as db:
         db.execute(
             f"""
             INSERT INTO outbox_held_event (event_id, shard, topic, key, transaction_id,
                                            position, event_transaction_id, event_position,
-                                           attempts, next_attempt_at, last_error, held_at)
+                                           event_created_at, attempts, next_attempt_at,
+                                           last_error, held_at)
             VALUES (%(event_id)s, {SHARD_SQL.format(key="%(key)s")}, %(topic)s, %(key)s,
                     pg_current_xact_id()::text::bigint, nextval(%(sequence)s),
-                    %(transaction_id)s, %(position)s, 0, NULL, '', now())
+                    %(transaction_id)s, %(position)s, %(created_at)s, 0, NULL, '', now())
             ON CONFLICT (event_id) DO NOTHING
             """,  # noqa: S608 (composed of constants; values are parameters)
             {
@@ -645,6 +657,7 @@ def held_event_replay(
                 "sequence": POSITION_SEQUENCE,
                 "transaction_id": transaction_id,
                 "position": position,
+                "created_at": created_at,
             },
         )
         return db.rowcount == 1

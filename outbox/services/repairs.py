@@ -80,6 +80,7 @@ def outbox_event_replay(*, event: OutboxEvent, new_event_id: bool) -> OutboxEven
         key=event.key,
         transaction_id=event.transaction_id,
         position=event.position,
+        created_at=event.created_at,
     ):
         raise IllegalTransition(f"Event {event.id} changed meanwhile; nothing to replay.")
     return outbox_event_delivered(event_id=event.id)

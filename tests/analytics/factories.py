@@ -170,6 +170,7 @@ def held_event(
         position=event.position if isinstance(event.position, int) else 0,
         event_transaction_id=0,
         event_position=event.position if isinstance(event.position, int) else 0,
+        event_created_at=event.created_at,
         attempts=attempts,
         next_attempt_at=next_attempt_at,
         last_error=last_error,

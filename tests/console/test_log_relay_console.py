@@ -158,11 +158,12 @@ def test_api_filters_on_the_delivery(viewer, log_relay_events):
 
 
 @pytest.mark.django_db
-def test_the_failed_filter_is_exactly_the_failed_delivery_status(
+def test_each_status_filter_is_exactly_the_delivery_status_it_names(
     viewer, log_relay_events, make_event
 ):
-    # The FAILED filter finds its events by their places, not by the delivery status computed
-    # per row: it must pick the same events the status says are FAILED, no more, no fewer.
+    # The status filters narrow their events by conditions of their own before the delivery
+    # status computed per row decides (FAILED by its places alone, DONE less the events not
+    # sent yet): each must pick the events the status names, no more, no fewer.
     start = timezone.now() - timedelta(minutes=5)
     events = dict(log_relay_events)
     events["replayed"] = replayed = make_event(key="k-replayed")
@@ -182,17 +183,22 @@ def test_the_failed_filter_is_exactly_the_failed_delivery_status(
         name: outbox_event_delivered(event_id=event.pk).delivery_status
         for name, event in events.items()
     }
-    failed = {str(events[name].pk) for name, state in status.items() if state == "FAILED"}
     assert {name for name, state in status.items() if state == "FAILED"} == {
         "failed",
         "discarded",
         "discarded_twice",
     }
-    api_rows = client_for(viewer).get(API, {"status": "FAILED"}).json()["results"]
-    assert {row["id"] for row in api_rows} == failed
-    admin = logged_in(viewer).get(ADMIN, {"status__exact": "FAILED"})
-    assert admin.status_code == 200
-    assert {str(event.pk) for event in admin.context["cl"].result_list} == failed
+    assert {name for name, state in status.items() if state == "DONE"} == {
+        "done",
+        "replayed",
+    }
+    for state in ("FAILED", "DONE", "PENDING"):
+        expected = {str(events[name].pk) for name, named in status.items() if named == state}
+        api_rows = client_for(viewer).get(API, {"status": state}).json()["results"]
+        assert {row["id"] for row in api_rows} == expected, state
+        admin = logged_in(viewer).get(ADMIN, {"status__exact": state})
+        assert admin.status_code == 200
+        assert {str(event.pk) for event in admin.context["cl"].result_list} == expected, state
 
 
 @pytest.mark.django_db

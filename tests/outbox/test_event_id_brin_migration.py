@@ -78,6 +78,9 @@ def test_held_rows_keep_their_events_row_and_older_ids_stay_used_once(schema_bef
     indexes = event_indexes()
     assert "outbox_event_id_idx" not in indexes
     assert "USING brin (id uuid_minmax_multi_ops)" in indexes["outbox_event_id_brin"]
+    # The current code reads held rows with their event's created_at (migration 0017, which
+    # fills it from the place 0015 filled).
+    migrate()
     held = {row.event_id: row for row in OutboxHeldEvent.objects.all()}
     assert set(held) == {waiting.id, replayed.id}, "the row whose event is gone is let go"
     for event in (waiting, replayed):
@@ -85,6 +88,7 @@ def test_held_rows_keep_their_events_row_and_older_ids_stay_used_once(schema_bef
         assert event_row_place(event) == {
             "event_transaction_id": row.event_transaction_id,
             "event_position": row.event_position,
+            "event_created_at": row.event_created_at,
         }
     assert held[replayed.id].position == 10**9, "its place in the key's order is kept"
     # Read through the relay's index of commit order: both held events, in their order.
