@@ -15,7 +15,6 @@ from django.db.models import (
     Exists,
     Max,
     OuterRef,
-    Q,
     QuerySet,
     Subquery,
     TextField,
@@ -372,12 +371,12 @@ def outbox_events_in_state(events: QuerySet, *, state: str) -> QuerySet:
     - FAILED, rare and what operators look for, exactly by the places of the spent held heads
       and of the events discarded last (FAILED_PLACE_SQL), no annotation computed to filter;
     - discarded by membership in the DISCARDED records (read once into a hash);
-    - PENDING by the held set and the events after the relay's cursors: those committed since
-      the oldest cursor's snapshot, a range of the (txid, position) index;
-    - DONE, the common state, by leaving out the events after the cursors not sent yet, read
-      once into a hash: a relay far behind leaves thousands of them at the head of the
-      newest-first order, each of which would have its status computed to be passed over."""
-    held = OutboxHeldEvent.objects.order_by().values("event_id")
+    - PENDING, exactly, by the places of the held events not spent and of the unsent events
+      (after the relay's cursors, a range of the (txid, position) index, with no outcome),
+      no annotation computed to filter;
+    - DONE by having a PUBLISHED record, one look-up that PostgreSQL makes before computing
+      the status (a cheaper condition first): a relay far behind leaves thousands of unsent
+      events at the head of the newest-first order, each passed over by that look-up alone."""
     discarded = (
         OutboxDelivery.objects.filter(outcome=OutboxDelivery.Outcome.DISCARDED)
         .order_by()
@@ -389,20 +388,27 @@ def outbox_events_in_state(events: QuerySet, *, state: str) -> QuerySet:
         # Exactly the FAILED events, without computing delivery_status per row.
         return events.filter(RawSQL(FAILED_PLACE_SQL, (), output_field=BooleanField()))  # noqa: S611
     if state == OutboxEvent.Status.PENDING:
-        # The transaction id is not a model field (PostgreSQL writes it); the statement is a
-        # constant, the snapshot a parameter.
-        after_the_cursors = RawSQL(
-            '"outbox_event"."txid" >= pg_snapshot_xmin(%s::pg_snapshot)',
-            [outbox_log_cursor_snapshot()],
+        # Django's expressions take positional parameters: the snapshot, at each place.
+        pending = PENDING_PLACE_SQL.replace("%(since)s", "%s")
+        snapshot = outbox_log_cursor_snapshot()
+        return events.filter(
+            RawSQL(pending, [snapshot] * pending.count("%s"), output_field=BooleanField())  # noqa: S611
+        )
+    if state == OutboxEvent.Status.DONE:
+        published = OutboxDelivery.objects.filter(
+            event_id=OuterRef("pk"),
+            published_at__gte=OuterRef("created_at") - RECORD_CLOCK_MARGIN,
+            outcome=OutboxDelivery.Outcome.PUBLISHED,
+        )
+        # In one CASE, so that the look-up comes first for each row: as a condition of its own
+        # PostgreSQL would join it after computing the status.
+        done = Case(
+            When(~Exists(published), then=Value(False)),
+            When(delivery_status=state, then=Value(True)),
+            default=Value(False),
             output_field=BooleanField(),
         )
-        return events.filter(Q(pk__in=held) | Q(after_the_cursors), delivery_status=state)
-    if state == OutboxEvent.Status.DONE:
-        # Django's expressions take positional parameters: the snapshot, at each place.
-        unsent_sql = f"SELECT event.id {_UNSENT_EVENTS_SQL}".replace("%(since)s", "%s")
-        snapshot = outbox_log_cursor_snapshot()
-        unsent = RawSQL(unsent_sql, [snapshot] * unsent_sql.count("%s"))  # noqa: S611
-        return events.exclude(pk__in=unsent).filter(delivery_status=state)
+        return events.filter(done)
     return events.filter(delivery_status=state)
 
 
@@ -411,12 +417,12 @@ def outbox_events_in_state(events: QuerySet, *, state: str) -> QuerySet:
 # are spent, and the events not held whose latest PUBLISHED or DISCARDED record is DISCARDED
 # (not published again by a replay since), found by the partial index of DISCARDED records.
 FAILED_PLACE_SQL = """
-("outbox_event"."txid", "outbox_event"."position") IN (
-    SELECT held.event_transaction_id::text::xid8, held.event_position
+("outbox_event"."created_at", "outbox_event"."txid", "outbox_event"."position") IN (
+    SELECT held.event_created_at, held.event_transaction_id::text::xid8, held.event_position
     FROM outbox_held_event AS held
     WHERE held.next_attempt_at IS NULL AND held.attempts > 0
     UNION ALL
-    SELECT discarded_event.txid, discarded_event.position
+    SELECT discarded_event.created_at, discarded_event.txid, discarded_event.position
     FROM outbox_event AS discarded_event
     WHERE discarded_event.id IN (
         SELECT record.event_id FROM outbox_delivery AS record
@@ -433,6 +439,19 @@ FAILED_PLACE_SQL = """
     )
 )
 """
+
+
+# The places of the PENDING events: the held events whose attempts are not spent (a head
+# backing off or due, or one queued behind a head) and the unsent events.
+PENDING_PLACE_SQL = f"""
+("outbox_event"."created_at", "outbox_event"."txid", "outbox_event"."position") IN (
+    SELECT held.event_created_at, held.event_transaction_id::text::xid8, held.event_position
+    FROM outbox_held_event AS held
+    WHERE NOT (held.next_attempt_at IS NULL AND held.attempts > 0)
+    UNION ALL
+    SELECT event.created_at, event.txid, event.position {_UNSENT_EVENTS_SQL}
+)
+"""  # noqa: S608 (constants only)
 
 
 def outbox_events_discarded(events: QuerySet, *, discarded: bool) -> QuerySet:
