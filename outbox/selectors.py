@@ -278,6 +278,14 @@ if TYPE_CHECKING:
     DeliveredEvent = WithAnnotations[OutboxEvent, DeliveryAnnotations]
 
 
+def _records_of_outer_event() -> QuerySet[OutboxDelivery]:
+    """The delivery records of the outer query's event. Each read of them probes the delivery
+    table's day partitions from the event's creation on only (RECORD_CLOCK_MARGIN), not all."""
+    return OutboxDelivery.objects.filter(
+        event_id=OuterRef("pk"), published_at__gte=OuterRef("created_at") - RECORD_CLOCK_MARGIN
+    )
+
+
 def outbox_events_with_delivery(
     queryset: QuerySet[OutboxEvent],
 ) -> "QuerySet[DeliveredEvent]":
@@ -293,11 +301,7 @@ def outbox_events_with_delivery(
     new record supersedes the earlier one); an event with neither waits for the relay."""
     outcome = OutboxDelivery.Outcome
     status = OutboxEvent.Status
-    # Each read of an event's records probes the delivery table's day partitions from the
-    # event's creation on only (RECORD_CLOCK_MARGIN), not all of them.
-    records = OutboxDelivery.objects.filter(
-        event_id=OuterRef("pk"), published_at__gte=OuterRef("created_at") - RECORD_CLOCK_MARGIN
-    )
+    records = _records_of_outer_event()
     published = records.filter(outcome=outcome.PUBLISHED).order_by("-id")
     final = records.filter(outcome__in=(outcome.PUBLISHED, outcome.DISCARDED)).order_by("-id")
     held = OutboxHeldEvent.objects.filter(event_id=OuterRef("pk"))
@@ -395,11 +399,7 @@ def outbox_events_in_state(events: QuerySet, *, state: str) -> QuerySet:
             RawSQL(pending, [snapshot] * pending.count("%s"), output_field=BooleanField())  # noqa: S611
         )
     if state == OutboxEvent.Status.DONE:
-        published = OutboxDelivery.objects.filter(
-            event_id=OuterRef("pk"),
-            published_at__gte=OuterRef("created_at") - RECORD_CLOCK_MARGIN,
-            outcome=OutboxDelivery.Outcome.PUBLISHED,
-        )
+        published = _records_of_outer_event().filter(outcome=OutboxDelivery.Outcome.PUBLISHED)
         # In one CASE, so that the look-up comes first for each row: as a condition of its own
         # PostgreSQL would join it after computing the status.
         done = Case(

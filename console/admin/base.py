@@ -26,6 +26,7 @@ from django.utils.html import format_html
 from unfold.admin import ModelAdmin
 from unfold.contrib.filters.admin import FieldTextFilter, TextFilter
 from unfold.decorators import display
+from unfold.views import ChangeList
 
 from console.bulk_operations import bulk_action_run
 from console.models import OperatorAction
@@ -70,7 +71,11 @@ class EstimatedCountPaginator(Paginator):
 
     Lists of rows with computed columns (an outbox event's delivery, read from its records)
     are counted and paged by primary key first: PostgreSQL computes a row's columns before
-    OFFSET skips it, so page 200 would compute them for 5,000 rows to show 25."""
+    OFFSET skips it, so page 200 would compute them for 5,000 rows to show 25.
+
+    A filtered list reads its first page's ids before counting: a filter that matches no more
+    than a page (a rare value no index serves, whose every read walks the table) is counted
+    by that read alone."""
 
     @cached_property
     def count(self) -> int:
@@ -81,25 +86,48 @@ class EstimatedCountPaginator(Paginator):
                 estimate = table_row_estimate(queryset.model._meta.db_table)
                 if estimate > limit:
                     return estimate
+            elif len(self._first_ids) <= self.per_page:
+                return len(self._first_ids)
             return rows_counted_up_to(queryset, limit=limit)
         return len(queryset)
 
+    @cached_property
+    def _first_ids(self) -> list[Any]:
+        """The ids of the first page's rows, and of the one after them if there is one."""
+        queryset: QuerySet = self.object_list  # type: ignore[assignment]
+        return list(queryset.values_list("pk", flat=True)[: self.per_page + 1])
+
+    @property
+    def pages_by_id(self) -> bool:
+        """Whether the rows have computed columns, and a page is read by id (see above)."""
+        return isinstance(self.object_list, QuerySet) and bool(self.object_list.query.annotations)
+
+    def rows_by_id(self, ids: list[Any]) -> QuerySet:
+        """The rows of `ids` in the list's order, read lazily. The filters chose the ids; the
+        rows are read by id alone: with the filters, PostgreSQL would apply them again (a
+        status filter's hashed subquery of every held event, say) to compute 25 rows."""
+        queryset: QuerySet = self.object_list.all()  # type: ignore[attr-defined]
+        queryset.query.where = WhereNode()
+        return queryset.filter(pk__in=ids)
+
+    def first_page_rows(self) -> QuerySet:
+        """The rows of a list that fits on one page, by the ids the count read."""
+        return self.rows_by_id(self._first_ids[: self.per_page])
+
     def page(self, number: Any) -> Page:
-        queryset = self.object_list
-        if not isinstance(queryset, QuerySet) or not queryset.query.annotations:
+        if not self.pages_by_id:
             return super().page(number)
+        queryset: QuerySet = self.object_list  # type: ignore[assignment]
         number = self.validate_number(number)
         bottom = (number - 1) * self.per_page
         top = bottom + self.per_page
         if top + self.orphans >= self.count:
             top = self.count
-        ids = list(queryset.values_list("pk", flat=True)[bottom:top])
-        # The filters chose the page's rows; the rows are read again by id alone. With the
-        # filters, PostgreSQL would apply them again (a status filter's hashed subquery of
-        # every held event, say) to compute 25 rows.
-        rows_of_page = queryset.all()
-        rows_of_page.query.where = WhereNode()
-        rows = {row.pk: row for row in rows_of_page.filter(pk__in=ids)}
+        if bottom == 0 and "_first_ids" in self.__dict__:
+            ids = self._first_ids[:top]
+        else:
+            ids = list(queryset.values_list("pk", flat=True)[bottom:top])
+        rows = {row.pk: row for row in self.rows_by_id(ids)}
         return Page([rows[pk] for pk in ids if pk in rows], number, self)
 
 
@@ -393,6 +421,23 @@ def _bounded_count(queryset: QuerySet) -> dict[str, Any]:
 PAYLOAD_FIELDS = frozenset({"payload_json", "headers_json", "raw_value", "raw_value_encoding"})
 
 
+class PagedChangeList(ChangeList):
+    """A list of rows with computed columns that fits on one page is read by the ids its
+    count read (EstimatedCountPaginator): Django would read it through the whole filtered
+    queryset again, which for the outbox walks the table once more for a rare value."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        paginator = self.paginator
+        if (
+            not self.multi_page
+            and not self.show_all
+            and isinstance(paginator, EstimatedCountPaginator)
+            and paginator.pages_by_id
+        ):
+            self.result_list = paginator.first_page_rows()
+
+
 class DeliveryAdmin(ReadOnlyModelAdmin):
     """What the admins of outbox events and inbox messages share: a list that never counts the
     whole table nor loads payloads, status badges and JSON fields, and the retry, discard and
@@ -418,6 +463,9 @@ class DeliveryAdmin(ReadOnlyModelAdmin):
     paginator = EstimatedCountPaginator
     # Unfold renders a row in a few milliseconds: 25 rows keep a page well under 300 ms.
     list_per_page = 25
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return PagedChangeList
 
     def has_retry_permission(self, request: HttpRequest, object_id: Any = None) -> bool:
         return bool(request.user.has_perm(self.permissions.RETRY))
