@@ -360,8 +360,11 @@ def outbox_event_delivered(*, event_id: uuid.UUID | str) -> "DeliveredEvent":
     return outbox_events_with_delivery(OutboxEvent.objects.filter(pk=event_id)).get()
 
 
-# The admin's status filter offers this besides the statuses: events an operator discarded.
+# The admin's status filter offers these besides the statuses: events an operator discarded,
+# and the FAILED events none has: the held heads whose attempts are spent, which wait for an
+# operator (what the outbox's failure groups hold, and their retry and discard act on).
 DISCARDED = "discarded"
+WAITING_FOR_OPERATOR = "waiting"
 
 
 def outbox_events_in_state(events: QuerySet, *, state: str) -> QuerySet:
@@ -391,6 +394,8 @@ def outbox_events_in_state(events: QuerySet, *, state: str) -> QuerySet:
     if state == OutboxEvent.Status.FAILED:
         # Exactly the FAILED events, without computing delivery_status per row.
         return events.filter(RawSQL(FAILED_PLACE_SQL, (), output_field=BooleanField()))  # noqa: S611
+    if state == WAITING_FOR_OPERATOR:
+        return events.filter(RawSQL(WAITING_PLACE_SQL, (), output_field=BooleanField()))  # noqa: S611
     if state == OutboxEvent.Status.PENDING:
         # Django's expressions take positional parameters: the snapshot, at each place.
         pending = PENDING_PLACE_SQL.replace("%(since)s", "%s")
@@ -416,11 +421,19 @@ def outbox_events_in_state(events: QuerySet, *, state: str) -> QuerySet:
 # the relay finds a held event (the id has only a BRIN index): the held heads whose attempts
 # are spent, and the events not held whose latest PUBLISHED or DISCARDED record is DISCARDED
 # (not published again by a replay since), found by the partial index of DISCARDED records.
-FAILED_PLACE_SQL = """
-("outbox_event"."created_at", "outbox_event"."txid", "outbox_event"."position") IN (
+# The first alone are the events waiting for an operator (WAITING_FOR_OPERATOR).
+_SPENT_HEADS_SQL = """
     SELECT held.event_created_at, held.event_transaction_id::text::xid8, held.event_position
     FROM outbox_held_event AS held
     WHERE held.next_attempt_at IS NULL AND held.attempts > 0
+"""
+WAITING_PLACE_SQL = f"""
+("outbox_event"."created_at", "outbox_event"."txid", "outbox_event"."position") IN (
+{_SPENT_HEADS_SQL})
+"""
+FAILED_PLACE_SQL = f"""
+("outbox_event"."created_at", "outbox_event"."txid", "outbox_event"."position") IN (
+{_SPENT_HEADS_SQL}
     UNION ALL
     SELECT discarded_event.created_at, discarded_event.txid, discarded_event.position
     FROM outbox_event AS discarded_event
@@ -438,7 +451,7 @@ FAILED_PLACE_SQL = """
           )
     )
 )
-"""
+"""  # noqa: S608 (constants only)
 
 
 # The places of the PENDING events: the held events whose attempts are not spent (a head

@@ -451,6 +451,8 @@ class DeliveryAdmin(ReadOnlyModelAdmin):
     retry_action: str
     discard_action: str
     failure_side: str
+    # The status filter's value for the rows of a failure group.
+    failure_group_status = "FAILED"
     # Heavy columns a list page never shows.
     deferred_on_list: tuple[str, ...] = ("payload", "headers")
     # How messages name a row: "event", "message".
@@ -629,7 +631,7 @@ class DeliveryAdmin(ReadOnlyModelAdmin):
         prefix = f"admin:{opts.app_label}_{opts.model_name}"
         groups = []
         for group in failure_groups(self.failure_side):
-            query = {"status__exact": "FAILED", "error_class": group.error_class}
+            query = {"status__exact": self.failure_group_status, "error_class": group.error_class}
             query["topic"] = group.topic
             if group.consumer_group:
                 query["consumer_group"] = group.consumer_group

@@ -44,6 +44,7 @@ from console.selectors import event_consumers
 from outbox.models import OutboxEvent, OutboxEventPermission, OutboxHeldEvent
 from outbox.selectors import (
     DISCARDED,
+    WAITING_FOR_OPERATOR,
     outbox_event_delivered,
     outbox_event_records,
     outbox_events_in_state,
@@ -65,7 +66,11 @@ class DeliveryStatusFilter(admin.SimpleListFilter):
     def lookups(
         self, request: HttpRequest, model_admin: admin.ModelAdmin
     ) -> Iterable[tuple[str, str]]:
-        return [*Status.choices, (DISCARDED, "Discarded")]
+        return [
+            *Status.choices,
+            (DISCARDED, "Discarded"),
+            (WAITING_FOR_OPERATOR, "Failed, waiting for an operator"),
+        ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         value = self.value()
@@ -140,6 +145,9 @@ class OutboxEventAdmin(DeliveryAdmin):
     retry_action = Action.OUTBOX_RETRY
     discard_action = Action.OUTBOX_DISCARD
     failure_side = "outbox"
+    # The failure groups hold the FAILED events no operator has discarded; so do the lists and
+    # the retry and discard their links lead to.
+    failure_group_status = WAITING_FOR_OPERATOR
     row_noun = "event"
 
     list_display = (

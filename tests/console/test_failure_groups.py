@@ -3,6 +3,7 @@ with its count, first and last seen and a sample; retrying or discarding a group
 count first, acts on that group alone, and is audited."""
 
 import pytest
+from django.utils import timezone
 
 from console.models import OperatorAction
 from console.selectors import NO_ERROR_TEXT, failure_groups
@@ -37,13 +38,19 @@ def test_outbox_failures_are_grouped_by_error_class_and_topic(failed_events):
     assert [g.count for g in failure_groups("outbox")] == [3, 2, 1]
 
 
-def test_retrying_a_group_confirms_its_count_and_retries_it_alone(operator, failed_events):
+def test_retrying_a_group_confirms_its_count_and_retries_it_alone(
+    operator, failed_events, make_event
+):
+    # Of the group's class and topic but discarded by an operator: in no group.
+    discarded = make_event(
+        OutboxEvent.Status.FAILED, topic="orders.a", error=TOO_LARGE, discarded_at=timezone.now()
+    )
     client = logged_in(operator)
     page = client.get(f"{EVENTS}failure-groups/").content.decode()
     assert "MSG_SIZE_TOO_LARGE" in page
     assert "Retry this group" in page
     assert "Discard this group" in page
-    query = "status__exact=FAILED&error_class=MSG_SIZE_TOO_LARGE&topic=orders.a"
+    query = "status__exact=waiting&error_class=MSG_SIZE_TOO_LARGE&topic=orders.a"
     assert f"{EVENTS}retry-matching/?{query}" in page.replace("&amp;", "&")
 
     confirmation = client.get(f"{EVENTS}retry-matching/?{query}").content.decode()
@@ -61,6 +68,7 @@ def test_retrying_a_group_confirms_its_count_and_retries_it_alone(operator, fail
         return str(outbox_event_delivered(event_id=event.pk).delivery_status)
 
     assert {status(event) for event in failed_events["large_a"]} == {"PENDING"}
+    assert status(discarded) == "FAILED"
     assert {status(event) for event in failed_events["large_b"]} == {"FAILED"}
     assert {status(event) for event in failed_events["timeout_a"]} == {"FAILED"}
 

@@ -199,6 +199,11 @@ def test_each_status_filter_is_exactly_the_delivery_status_it_names(
         admin = logged_in(viewer).get(ADMIN, {"status__exact": state})
         assert admin.status_code == 200
         assert {str(event.pk) for event in admin.context["cl"].result_list} == expected, state
+    # The FAILED events no operator discarded: the held heads whose attempts are spent.
+    waiting = logged_in(viewer).get(ADMIN, {"status__exact": "waiting"})
+    assert {str(event.pk) for event in waiting.context["cl"].result_list} == {
+        str(events["failed"].pk)
+    }
 
 
 @pytest.mark.django_db
