@@ -417,23 +417,24 @@ def outbox_events_in_state(events: QuerySet, *, state: str) -> QuerySet:
     return events.filter(delivery_status=state)
 
 
+# An event row's place: the relay's index of commit order, behind the partition key.
+_EVENT_PLACE_IN = (
+    '("outbox_event"."created_at", "outbox_event"."txid", "outbox_event"."position") IN'
+)
+# The places of the held events' rows, and which held events are heads whose attempts are spent.
+_HELD_PLACES_SQL = """
+    SELECT held.event_created_at, held.event_transaction_id::text::xid8, held.event_position
+    FROM outbox_held_event AS held"""
+_HELD_SPENT = "held.next_attempt_at IS NULL AND held.attempts > 0"
 # The places of the FAILED events, matched through the event table's (txid, position) index as
 # the relay finds a held event (the id has only a BRIN index): the held heads whose attempts
 # are spent, and the events not held whose latest PUBLISHED or DISCARDED record is DISCARDED
 # (not published again by a replay since), found by the partial index of DISCARDED records.
 # The first alone are the events waiting for an operator (WAITING_FOR_OPERATOR).
-_SPENT_HEADS_SQL = """
-    SELECT held.event_created_at, held.event_transaction_id::text::xid8, held.event_position
-    FROM outbox_held_event AS held
-    WHERE held.next_attempt_at IS NULL AND held.attempts > 0
-"""
-WAITING_PLACE_SQL = f"""
-("outbox_event"."created_at", "outbox_event"."txid", "outbox_event"."position") IN (
-{_SPENT_HEADS_SQL})
-"""
+WAITING_PLACE_SQL = f"{_EVENT_PLACE_IN} ({_HELD_PLACES_SQL} WHERE {_HELD_SPENT})"
 FAILED_PLACE_SQL = f"""
-("outbox_event"."created_at", "outbox_event"."txid", "outbox_event"."position") IN (
-{_SPENT_HEADS_SQL}
+{_EVENT_PLACE_IN} (
+{_HELD_PLACES_SQL} WHERE {_HELD_SPENT}
     UNION ALL
     SELECT discarded_event.created_at, discarded_event.txid, discarded_event.position
     FROM outbox_event AS discarded_event
@@ -457,14 +458,12 @@ FAILED_PLACE_SQL = f"""
 # The places of the PENDING events: the held events whose attempts are not spent (a head
 # backing off or due, or one queued behind a head) and the unsent events.
 PENDING_PLACE_SQL = f"""
-("outbox_event"."created_at", "outbox_event"."txid", "outbox_event"."position") IN (
-    SELECT held.event_created_at, held.event_transaction_id::text::xid8, held.event_position
-    FROM outbox_held_event AS held
-    WHERE NOT (held.next_attempt_at IS NULL AND held.attempts > 0)
+{_EVENT_PLACE_IN} (
+{_HELD_PLACES_SQL} WHERE NOT ({_HELD_SPENT})
     UNION ALL
     SELECT event.created_at, event.txid, event.position {_UNSENT_EVENTS_SQL}
 )
-"""  # noqa: S608 (constants only)
+"""
 
 
 def outbox_events_discarded(events: QuerySet, *, discarded: bool) -> QuerySet:
