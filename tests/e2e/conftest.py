@@ -13,6 +13,16 @@ from typing import Any
 
 import pytest
 
+# The console's row and user fixtures, for the browser tests that act on failed rows as an
+# operator: the same rows the console's own tests make.
+from tests.console.conftest import (  # noqa: F401 (fixtures: pytest finds them by name)
+    failed_events,
+    make_event,
+    make_message,
+    make_user,
+    operator,
+)
+
 CHROMEDRIVER = "/usr/bin/chromedriver"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -140,3 +150,14 @@ def page_report(browser: Any) -> dict[str, list[Any]]:
             if entry["level"] == "SEVERE" and "Content Security Policy" not in entry["message"]
         ],
     }
+
+
+def assert_no_violations(report: dict[str, Any], page: str) -> None:
+    """The page of `report` (page_report) broke no rule of its policy, opened no dialog and
+    ran no script into an error."""
+    assert report["violations"] == [], (page, report)
+    assert report["console_csp"] == [], (page, report)
+    assert report["dialogs"] == [], (page, report)
+    # A browser's own request for /favicon.ico may fail; a script of the page may not.
+    errors = [error for error in report["script_errors"] if "/favicon.ico" not in error]
+    assert errors == [], (page, report)

@@ -34,7 +34,7 @@ from outbox.models import OutboxEvent
 from project import urls as project_urls
 from tests.analytics.results import result_run
 from tests.console.conftest import deliver, hold
-from tests.e2e.conftest import log_in, needs_browser, page_report
+from tests.e2e.conftest import assert_no_violations, log_in, needs_browser, page_report
 from tests.inbox.factories import Event
 
 # The dashboard reads consumer lag and health from the broker.
@@ -95,15 +95,6 @@ return {
     text: document.body.innerText,
 };
 """
-
-
-def _no_violations(report: dict[str, Any], page: str) -> None:
-    assert report["violations"] == [], (page, report)
-    assert report["console_csp"] == [], (page, report)
-    assert report["dialogs"] == [], (page, report)
-    # A browser's own request for /favicon.ico may fail; a script of the page may not.
-    errors = [error for error in report["script_errors"] if "/favicon.ico" not in error]
-    assert errors == [], (page, report)
 
 
 def _canvases_drawn(browser: Any) -> list[bool]:
@@ -256,7 +247,7 @@ def test_the_console_works_under_its_policy(live_server, browser, superuser, set
 
     browser.get(f"{live_server.url}/admin/")
     report = page_report(browser)
-    _no_violations(report, "dashboard")
+    assert_no_violations(report, "dashboard")
     # The rate charts and the analytics charts: Chart.js ran and painted each canvas.
     drawn = _canvases_drawn(browser)
     assert len(drawn) >= 4
@@ -266,7 +257,7 @@ def test_the_console_works_under_its_policy(live_server, browser, superuser, set
     assert not logout.is_displayed()
     browser.find_element(By.CSS_SELECTOR, "[x-data*=openUserLinks] > .cursor-pointer").click()
     WebDriverWait(browser, 10).until(expected_conditions.visibility_of(logout))
-    _no_violations(page_report(browser), "dashboard, user menu open")
+    assert_no_violations(page_report(browser), "dashboard, user menu open")
 
     pages = {
         "outbox list": ("/admin/outbox/outboxevent/", str(failed.pk)),
@@ -285,12 +276,12 @@ def test_the_console_works_under_its_policy(live_server, browser, superuser, set
         browser.get(live_server.url + url)
         report = page_report(browser)
         assert expected in browser.find_element(By.TAG_NAME, "body").text, name
-        _no_violations(report, name)
+        assert_no_violations(report, name)
     every_page = _admin_pages(superuser)
     assert {"outbox.outboxevent row", "inbox.inboxmessage row"} <= every_page.keys()
     for name, url in every_page.items():
         browser.get(live_server.url + url)
-        _no_violations(page_report(browser), name)
+        assert_no_violations(page_report(browser), name)
 
     # Swagger UI: its start-up script, served from a URL, fetched the schema and rendered it.
     browser.get(f"{live_server.url}/api/docs/")
@@ -299,13 +290,13 @@ def test_the_console_works_under_its_policy(live_server, browser, superuser, set
         _wait_for_text(browser, "#swagger-ui", "/api/outbox/events/")
     except TimeoutException:
         pytest.fail(f"Swagger UI did not start: {page_report(browser)}")
-    _no_violations(page_report(browser), "Swagger UI")
+    assert_no_violations(page_report(browser), "Swagger UI")
 
     # The login page, to a visitor without a session.
     browser.delete_all_cookies()
     browser.get(f"{live_server.url}/admin/login/")
     assert browser.find_elements(By.NAME, "password")
-    _no_violations(page_report(browser), "login")
+    assert_no_violations(page_report(browser), "login")
 
 
 # A page of this test's own: the response's nonce lets one inline script run; an inline script
@@ -496,5 +487,5 @@ def _check_page(browser: Any, name: str, expected: list[str]) -> str:
     assert found["links"] == [], name
     missing = [text for text in expected if text not in found["text"]]
     assert missing == [], (name, missing)
-    _no_violations(report, name)
+    assert_no_violations(report, name)
     return str(found["text"])
