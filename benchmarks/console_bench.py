@@ -16,9 +16,10 @@ delivery try and every handler run is a row, about 3 per event with the default 
 
 Then a failure-group retry of --bulk-rows outbox events and one of --bulk-rows inbox messages
 (a group of their own each, added for the run and deleted after it): submitted as an operator
-does (the group's retry-matching page, with a reason), run by the bulk operation's task in a
-thread of this process (the worker), while the operation's progress page is read; it prints
-the time to finish and the progress the page showed mid-run.
+does (the "Retry this group" link its failure-groups page shows, to the confirmation page,
+then the submit with a reason), run by the bulk operation's task in a thread of this process
+(the worker), while the operation's progress page is read; it prints the link followed, the
+count confirmed, the time to finish and the progress the page showed mid-run.
 
 The rows go into the database `<dev database>_console_bench`, never the development database;
 a data set of the right size that this version wrote is reused, otherwise the database is
@@ -444,9 +445,9 @@ def _delete_bulk_rows() -> int:
     return deleted
 
 
-def _add_bulk_rows(side: str, rows: int) -> str:
-    """Adds a failure group of `rows` to `side`; returns its list filter (the query string of
-    the failure-groups page's links)."""
+def _add_bulk_rows(side: str, rows: int) -> None:
+    """Adds a failure group of `rows` to `side`: on the outbox, events of BULK_TOPIC; on the
+    inbox, messages of BULK_TOPIC in BULK_GROUP."""
     from django.db import connection, transaction
 
     from outbox.conf import outbox_settings
@@ -456,10 +457,7 @@ def _add_bulk_rows(side: str, rows: int) -> str:
         if side == "inbox":
             cursor.execute(BULK_INBOX_SQL, {"group": BULK_GROUP, "topic": BULK_TOPIC, "rows": rows})
             cursor.execute("ANALYZE inbox_message")
-            return (
-                f"status__exact=FAILED&consumer_group={BULK_GROUP}&topic={BULK_TOPIC}"
-                "&error_class=bench.errors.QuotaExceeded"
-            )
+            return
         parameters = {
             "rows": rows,
             "topic": BULK_TOPIC,
@@ -474,8 +472,36 @@ def _add_bulk_rows(side: str, rows: int) -> str:
                 cursor.execute(statement.format(shard=SHARD_SQL.format(key="key")), parameters)
         for table in ("outbox_event", "outbox_delivery", "outbox_held_event"):
             cursor.execute(f"ANALYZE {table}")
-    error_class = BULK_OUTBOX_ERROR.split(":")[0]
-    return f"status__exact=FAILED&topic={BULK_TOPIC}&error_class={error_class}"
+
+
+# The links of the failure-groups page (console/templates/admin/console/failure_groups.html).
+LINK_PATTERN = re.compile(r'href="([^"]*)"')
+FAILURE_GROUPS_PAGE = {
+    "outbox": "/admin/outbox/outboxevent/failure-groups/",
+    "inbox": "/admin/inbox/inboxmessage/failure-groups/",
+}
+
+
+def _retry_this_group_link(client: Any, side: str) -> str:
+    """The "Retry this group" link the failure-groups page of `side` shows for the group the
+    run added (its topic, and on the inbox its consumer group): the page builds the group's
+    filter (on the outbox, the FAILED events no operator discarded), so the run times the path
+    an operator takes, whatever that filter is."""
+    from html import unescape
+    from urllib.parse import parse_qs, urlsplit
+
+    page = client.get(FAILURE_GROUPS_PAGE[side])
+    if page.status_code != 200:
+        raise SystemExit(f"the {side} failure-groups page answered {page.status_code}")
+    wanted = {"topic": [BULK_TOPIC]}
+    if side == "inbox":
+        wanted["consumer_group"] = [BULK_GROUP]
+    for link in LINK_PATTERN.findall(page.content.decode()):
+        url = urlsplit(unescape(link))
+        filters = parse_qs(url.query)
+        if url.path.endswith("/retry-matching/") and wanted.items() <= filters.items():
+            return url.path + "?" + url.query
+    raise SystemExit(f'the {side} failure-groups page has no "Retry this group" for {wanted}')
 
 
 # What the progress page shows of a bulk operation (console/templates/admin/console/
@@ -486,6 +512,8 @@ PROGRESS_PATTERNS = {
     "changed": re.compile(r'id="bulk-changed"[^>]*>\s*(\d+)'),
 }
 FINISHED = ("DONE", "FAILED", "CANCELLED")
+# The rows the confirmation page counts (console/templates/admin/console/bulk_confirm.html).
+COUNT_PATTERN = re.compile(r'id="bulk-count"[^>]*>\s*([^<]+?)\s*<')
 
 
 def _progress_shown(html: str) -> tuple[str, int, int, int]:
@@ -514,7 +542,7 @@ def _bench_failure_group_retry(client: Any, side: str, rows: int) -> bool:
     from console.models import BulkOperation
 
     started = time.perf_counter()
-    query = _add_bulk_rows(side, rows)
+    _add_bulk_rows(side, rows)
     print(f"\nadded a failure group of {rows} {side} rows in {time.perf_counter() - started:.0f} s")
     workers: list[threading.Thread] = []
 
@@ -531,18 +559,25 @@ def _bench_failure_group_retry(client: Any, side: str, rows: int) -> bool:
 
     # No broker round trip: a worker of another project must never get this database's id.
     tasks.run_bulk_operation.delay = start_worker  # type: ignore[method-assign,assignment]
-    base = "/admin/outbox/outboxevent/" if side == "outbox" else "/admin/inbox/inboxmessage/"
     started = time.perf_counter()
-    stage, confirmed = "confirmation page", 0.0
+    stage, confirmed = "failure-groups page", 0.0
     try:
-        confirm = client.get(f"{base}retry-matching/?{query}")
+        retry_this_group = _retry_this_group_link(client, side)
+        listed = time.perf_counter() - started
+        print(f"the failure-groups page ({listed:.1f} s) links the group to {retry_this_group}")
+        confirm_page, query = retry_this_group.split("?", 1)
+        started = time.perf_counter()
+        stage = "confirmation page"
+        confirm = client.get(retry_this_group)
         assert confirm.status_code == 200, confirm.status_code
         confirmed = time.perf_counter() - started
+        count = COUNT_PATTERN.search(confirm.content.decode())
+        print(f"the confirmation page counts {count[1] if count else '(no count found)'} rows")
         started = time.perf_counter()
         stage = "submission"
+        # The confirmation's form sends the filter back as _changelist_filters.
         response = client.post(
-            f"{base}retry-matching/",
-            {"_changelist_filters": query, "reason": "console bench: cause fixed"},
+            confirm_page, {"_changelist_filters": query, "reason": "console bench: cause fixed"}
         )
     except OperationalError as error:
         if "statement timeout" not in str(error):
