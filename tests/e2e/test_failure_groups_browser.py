@@ -1,14 +1,16 @@
 """The failure groups and bulk operations in headless Chromium, as an operator walks them: the
 outbox's and the inbox's failure-groups pages list the groups of the rows that failed for
-good; "Retry this group" confirms the group's count and refuses to run without a reason, then
-runs as a bulk operation whose progress page shows it done; "Discard this group" queued for a
-worker is cancelled from its progress page before any row changes. Each step is checked on the
-page and in the database (the rows, the operation, the audit entries)."""
+good; "Retry this group" confirms the group's own count (not the events an operator
+discarded) and refuses to run without a reason, then runs as a bulk operation whose progress
+page shows it done; "Discard this group" queued for a worker is cancelled from its progress
+page before any row changes. Each step is checked on the page and in the database (the rows,
+the operation, the audit entries)."""
 
 from typing import Any
 
 import pytest
 from django.core.cache import cache
+from django.utils import timezone
 
 from console.bulk_operations import bulk_operation_run
 from console.models import BulkOperation, BulkOperationChunk, OperatorAction
@@ -92,12 +94,16 @@ def _status(event: OutboxEvent) -> str:
 
 @pytest.mark.django_db(transaction=True)
 def test_an_operator_retries_and_cancels_failure_groups_from_the_browser(
-    live_server, browser, operator, failed_events, make_message, settings, monkeypatch
+    live_server, browser, operator, failed_events, make_event, make_message, settings, monkeypatch
 ):
     from selenium.webdriver.common.by import By
 
     cache.clear()  # no throttle or page cached by an earlier test
     settings.CONSOLE_BULK_CHUNK_SIZE = 2  # a group of 3 rows: a bulk operation of 2 chunks
+    # Of a group's error class and topic, but discarded by an operator: in no group.
+    discarded = make_event(
+        OutboxEvent.Status.FAILED, topic="orders.a", error=TOO_LARGE, discarded_at=timezone.now()
+    )
     no_price = [
         make_message(
             InboxMessage.Status.FAILED, group="billing", last_error="ValueError: no price\n  ..."
@@ -167,7 +173,7 @@ def test_an_operator_retries_and_cancels_failure_groups_from_the_browser(
     }
     assert (operation.status, operation.chunks_done, operation.rows_changed) == ("DONE", 2, 3)
     assert {_status(event) for event in failed_events["large_a"]} == {"PENDING"}
-    others_failed = failed_events["large_b"] + failed_events["timeout_a"]
+    others_failed = [*failed_events["large_b"], *failed_events["timeout_a"], discarded]
     assert {_status(event) for event in others_failed} == {"FAILED"}
     browser.get(f"{live_server.url}{EVENTS}failure-groups/")
     assert _counts(_groups_shown(browser, "outbox failure groups, after")) == others
