@@ -277,6 +277,69 @@ def test_every_operation_keeps_its_documented_contract(
     answers.append(response.status_code)
 
 
+def _closed(node: Any) -> Any:
+    """`node` (a schema) with every object that names its properties closed to others: a
+    field a body has and the schema does not name fails too."""
+    if isinstance(node, list):
+        return [_closed(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    closed = {key: _closed(value) for key, value in node.items()}
+    if isinstance(node.get("properties"), dict) and "additionalProperties" not in node:
+        closed["additionalProperties"] = False
+    return closed
+
+
+CLOSED_SCHEMA = schemathesis.openapi.from_dict(_closed(SERVED_SCHEMA))
+
+
+@pytest.fixture
+def stats(
+    make_event: Callable[..., OutboxEvent],
+    make_message: Callable[..., InboxMessage],
+    kafka_topic: Callable[..., str],
+    settings: Any,
+) -> None:
+    """What makes each part of the stats' bodies present: failures of both sides, an
+    analytics run, and a consumer group that committed an offset."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from kafka_events.kafka import kafka_connection_config
+
+    make_event(Status.FAILED)
+    make_message(InboxMessage.Status.FAILED)
+    result_run()
+    topic = kafka_topic()
+    consumer = Consumer({**kafka_connection_config(), "group.id": "contract-lag"})
+    consumer.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)
+    consumer.close()
+    settings.CONSOLE_CONSUMER_GROUPS = ["contract-lag"]
+    cache.clear()
+
+
+@pytest.mark.parametrize("path", ["/api/stats/summary/", "/api/stats/consumer-lag/"])
+def test_the_stats_answer_the_documented_fields_and_no_others(
+    path: str, stats: None, app: WSGIHandler, token: str
+) -> None:
+    case = CLOSED_SCHEMA[path]["GET"].Case()
+    response = case.call(
+        base_url=f"http://{HOST}", app=app, headers={"Authorization": f"Token {token}"}
+    )
+    assert response.status_code == 200, response.text
+    case.validate_response(response, checks=[response_schema_conformance])
+    body = response.json()
+    # Each nested part was there to be held to its schema.
+    if path == "/api/stats/summary/":
+        assert body["analytics"] is not None
+        assert {row["side"] for row in body["failures_by_error_class"]} == {"outbox", "inbox"}
+    else:
+        assert body["reachable"] is True, body["error"]
+        committed = [
+            row["committed"] for row in body["partitions"] if row["group"] == "contract-lag"
+        ]
+        assert committed == [0]
+
+
 def _operations() -> list[tuple[str, str, dict[str, Any]]]:
     return [
         (path, method, operation)
