@@ -77,19 +77,34 @@ class EstimatedCountPaginator(Paginator):
     than a page (a rare value no index serves, whose every read walks the table) is counted
     by that read alone."""
 
+    # Unfold's pagination with the count worded by count_text.
+    template_name = "admin/console/pagination.html"
+
     @cached_property
     def count(self) -> int:
+        return self._count_and_text[0]
+
+    @property
+    def count_text(self) -> str:
+        """The count as the page must say it when it is not exact: "about N" (PostgreSQL's
+        estimate of the table), "more than N" (counting stopped at CONSOLE_COUNT_LIMIT); empty
+        when the count is exact."""
+        return self._count_and_text[1]
+
+    @cached_property
+    def _count_and_text(self) -> tuple[int, str]:
         queryset = self.object_list
         limit = settings.CONSOLE_COUNT_LIMIT
         if isinstance(queryset, QuerySet):
             if not queryset.query.where:
                 estimate = table_row_estimate(queryset.model._meta.db_table)
                 if estimate > limit:
-                    return estimate
+                    return estimate, f"about {estimate}"
             elif len(self._first_ids) <= self.per_page:
-                return len(self._first_ids)
-            return rows_counted_up_to(queryset, limit=limit)
-        return len(queryset)
+                return len(self._first_ids), ""
+            counted = rows_counted_up_to(queryset, limit=limit)
+            return counted, f"more than {limit}" if counted > limit else ""
+        return len(queryset), ""
 
     @cached_property
     def _first_ids(self) -> list[Any]:
