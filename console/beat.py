@@ -5,6 +5,7 @@ anyway), at most once a second. The dashboard and /health/ read it.
 django-celery-beat's own PeriodicTask.last_run_at is written only when its scheduler syncs,
 every few minutes: read as a heartbeat, it said "never ticked" long after beat started."""
 
+import functools
 import logging
 import time
 from datetime import UTC, datetime
@@ -22,31 +23,32 @@ HEARTBEAT_TTL_SECONDS = 86_400
 HEARTBEAT_MIN_INTERVAL_SECONDS = 1.0
 
 
-def _redis() -> redis.Redis:
+REDIS_TIMEOUT_SECONDS = 1
+
+
+@functools.cache
+def redis_client(url: str) -> redis.Redis:
+    """The process's client of the Redis at `url` (the heartbeat's, and /health/'s PING):
+    its pool keeps a connection between calls, where a client per call connected each time.
+    redis-py drops a connection a command failed on and connects again for the next (so a
+    restarted Redis is read again without a new client), and starts the pool afresh in a
+    forked child."""
     return redis.Redis.from_url(
-        settings.CELERY_BROKER_URL, socket_timeout=1, socket_connect_timeout=1
+        url, socket_timeout=REDIS_TIMEOUT_SECONDS, socket_connect_timeout=REDIS_TIMEOUT_SECONDS
     )
 
 
 def beat_heartbeat_record(moment: float | None = None) -> None:
     """Writes that beat ticked at `moment` (seconds since the epoch; now by default)."""
-    client = _redis()
-    try:
-        client.set(
-            HEARTBEAT_KEY, repr(time.time() if moment is None else moment), ex=HEARTBEAT_TTL_SECONDS
-        )
-    finally:
-        client.close()
+    redis_client(settings.CELERY_BROKER_URL).set(
+        HEARTBEAT_KEY, repr(time.time() if moment is None else moment), ex=HEARTBEAT_TTL_SECONDS
+    )
 
 
 def beat_last_tick() -> datetime | None:
     """When beat last ticked, or None if it has not (in the heartbeat's lifetime). Raises
     redis.RedisError when Redis cannot be read."""
-    client = _redis()
-    try:
-        value = client.get(HEARTBEAT_KEY)
-    finally:
-        client.close()
+    value = redis_client(settings.CELERY_BROKER_URL).get(HEARTBEAT_KEY)
     if value is None:
         return None
     return datetime.fromtimestamp(float(value), tz=UTC)

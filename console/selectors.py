@@ -267,14 +267,21 @@ def failure_groups(side: str) -> list[FailureGroup]:
     ]
 
 
-def failure_group_rows(
+def failure_group_count(
     side: str, *, error_class: str, topic: str, consumer_group: str = ""
+) -> int:
+    """The rows of one failure group now, counted as failure_groups counts them (the held
+    heads of the outbox, the inbox's messages): 0 when no such group is left."""
+    return _failure_group_members(
+        side, error_class=error_class, topic=topic, consumer_group=consumer_group
+    ).count()
+
+
+def _failure_group_members(
+    side: str, *, error_class: str, topic: str, consumer_group: str
 ) -> QuerySet:
-    """The rows of one failure group, as failure_groups counts them (the same FAILED rows, the
-    same reading of the error class): outbox events (by the held heads whose attempts are
-    spent) or inbox messages, for a bulk action to freeze. Empty when no such group is left."""
-    # ERROR_CLASS_SQL names its column unqualified: inside the held set's subquery it reads
-    # the held row's error, the only table of that scope with the column.
+    """The rows failure_groups groups, of one group: the held heads whose attempts are spent
+    (outbox) or the FAILED messages no operator discarded (inbox)."""
     rows: QuerySet[Any]
     if side == "outbox":
         rows = OutboxHeldEvent.objects.filter(
@@ -294,6 +301,20 @@ def failure_group_rows(
         rows = rows.filter(Q(failure_class="") | Q(failure_class__isnull=True))
     else:
         rows = rows.filter(failure_class=error_class)
+    return rows
+
+
+def failure_group_rows(
+    side: str, *, error_class: str, topic: str, consumer_group: str = ""
+) -> QuerySet:
+    """The rows of one failure group, as failure_groups counts them (the same FAILED rows, the
+    same reading of the error class): outbox events (by the held heads whose attempts are
+    spent) or inbox messages, for a bulk action to freeze. Empty when no such group is left."""
+    # ERROR_CLASS_SQL names its column unqualified: inside the held set's subquery it reads
+    # the held row's error, the only table of that scope with the column.
+    rows = _failure_group_members(
+        side, error_class=error_class, topic=topic, consumer_group=consumer_group
+    )
     if side == "outbox":
         # The events by their places, through the event table's (txid, position) index, as
         # the relay finds a held event: by id (a BRIN index) each would be a scan of ranges.

@@ -5,7 +5,7 @@ confirmation view, and DeliveryAdmin, the base of the outbox events' and inbox m
 admins."""
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -34,6 +34,7 @@ from console.operations import ConsoleError, ReasonRequired
 from console.privacy import masked, may_view_payload
 from console.selectors import (
     error_class_condition,
+    failure_group_count,
     failure_groups,
     rows_counted_up_to,
     table_row_estimate,
@@ -77,19 +78,34 @@ class EstimatedCountPaginator(Paginator):
     than a page (a rare value no index serves, whose every read walks the table) is counted
     by that read alone."""
 
+    # Unfold's pagination with the count worded by count_text.
+    template_name = "admin/console/pagination.html"
+
     @cached_property
     def count(self) -> int:
+        return self._count_and_text[0]
+
+    @property
+    def count_text(self) -> str:
+        """The count as the page must say it when it is not exact: "about N" (PostgreSQL's
+        estimate of the table), "more than N" (counting stopped at CONSOLE_COUNT_LIMIT); empty
+        when the count is exact."""
+        return self._count_and_text[1]
+
+    @cached_property
+    def _count_and_text(self) -> tuple[int, str]:
         queryset = self.object_list
         limit = settings.CONSOLE_COUNT_LIMIT
         if isinstance(queryset, QuerySet):
             if not queryset.query.where:
                 estimate = table_row_estimate(queryset.model._meta.db_table)
                 if estimate > limit:
-                    return estimate
+                    return estimate, f"about {estimate}"
             elif len(self._first_ids) <= self.per_page:
-                return len(self._first_ids)
-            return rows_counted_up_to(queryset, limit=limit)
-        return len(queryset)
+                return len(self._first_ids), ""
+            counted = rows_counted_up_to(queryset, limit=limit)
+            return counted, f"more than {limit}" if counted > limit else ""
+        return len(queryset), ""
 
     @cached_property
     def _first_ids(self) -> list[Any]:
@@ -333,9 +349,12 @@ def bulk_matching_view(
     action: str,
     permission_check: Any,
     verb: str,
+    known_count: Callable[[dict[str, list[str]]], int | None] = lambda filters: None,
 ) -> HttpResponse:
     """GET: counts the rows of the changelist's current filter and asks to confirm.
-    POST: freezes their ids and runs the action (in Celery chunks when large)."""
+    POST: freezes their ids and runs the action (in Celery chunks when large).
+    `known_count(filters)` gives the exact count of a filter that has one at hand (a failure
+    group's), None for one to count up to CONSOLE_COUNT_LIMIT."""
     if not permission_check(request):
         raise PermissionDenied
     opts = model_admin.model._meta
@@ -395,7 +414,7 @@ def bulk_matching_view(
         **model_admin.admin_site.each_context(request),
         "title": f"{verb}: everything matching the filter",
         "opts": opts,
-        **_bounded_count(queryset),
+        **_confirmed_count(queryset, known_count(filters)),
         "filters": filters,
         "filters_query": filters_query,
         "verb": verb,
@@ -409,9 +428,12 @@ def bulk_matching_view(
     return TemplateResponse(request, "admin/console/bulk_confirm.html", context)
 
 
-def _bounded_count(queryset: QuerySet) -> dict[str, Any]:
-    """The rows `queryset` matches, counted exactly up to CONSOLE_COUNT_LIMIT: a filter that
-    matches millions never costs a full COUNT(*) just to show a confirmation page."""
+def _confirmed_count(queryset: QuerySet, known: int | None) -> dict[str, Any]:
+    """The rows `queryset` matches: `known` when it is not None, else counted exactly up to
+    CONSOLE_COUNT_LIMIT: a filter that matches millions never costs a full COUNT(*) just to
+    show a confirmation page."""
+    if known is not None:
+        return {"count": known, "count_is_exact": True}
     limit = settings.CONSOLE_COUNT_LIMIT
     count = rows_counted_up_to(queryset, limit=limit)
     return {"count": min(count, limit), "count_is_exact": count <= limit}
@@ -610,6 +632,7 @@ class DeliveryAdmin(ReadOnlyModelAdmin):
             action=self.retry_action,
             permission_check=self.has_retry_permission,
             verb="Retry",
+            known_count=self.failure_group_count,
         )
 
     def discard_matching_view(self, request: HttpRequest) -> HttpResponse:
@@ -619,7 +642,33 @@ class DeliveryAdmin(ReadOnlyModelAdmin):
             action=self.discard_action,
             permission_check=self.has_discard_permission,
             verb="Discard",
+            known_count=self.failure_group_count,
         )
+
+    def failure_group_filters(
+        self, *, error_class: str, topic: str, consumer_group: str
+    ) -> dict[str, str]:
+        """The list's filters that show one failure group's rows (its links)."""
+        filters = {"status__exact": self.failure_group_status, "error_class": error_class}
+        filters["topic"] = topic
+        if consumer_group:
+            filters["consumer_group"] = consumer_group
+        return filters
+
+    def failure_group_count(self, filters: dict[str, list[str]]) -> int | None:
+        """The count of the failure group `filters` name (a group's retry or discard link), as
+        the failure groups page counts it; None for any other filter."""
+        if any(len(values) != 1 for values in filters.values()):
+            return None
+        named = {name: values[0] for name, values in filters.items()}
+        group = {
+            "error_class": named.get("error_class", ""),
+            "topic": named.get("topic", ""),
+            "consumer_group": named.get("consumer_group", ""),
+        }
+        if named != self.failure_group_filters(**group):
+            return None
+        return failure_group_count(self.failure_side, **group)
 
     def failure_groups_view(self, request: HttpRequest) -> HttpResponse:
         """FAILED rows grouped by error class and topic (and consumer group): each group's
@@ -631,12 +680,14 @@ class DeliveryAdmin(ReadOnlyModelAdmin):
         prefix = f"admin:{opts.app_label}_{opts.model_name}"
         groups = []
         for group in failure_groups(self.failure_side):
-            query = {"status__exact": self.failure_group_status, "error_class": group.error_class}
-            query["topic"] = group.topic
-            if group.consumer_group:
-                query["consumer_group"] = group.consumer_group
             filters = QueryDict(mutable=True)
-            filters.update(query)
+            filters.update(
+                self.failure_group_filters(
+                    error_class=group.error_class,
+                    topic=group.topic,
+                    consumer_group=group.consumer_group,
+                )
+            )
             groups.append(
                 {
                     "group": group,

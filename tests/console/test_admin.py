@@ -1,6 +1,8 @@
 """The admin with Django's test client: the dashboard, lists and details, every action with
 its permission, the retry of everything matching a filter, and the audit log."""
 
+import re
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -364,6 +366,47 @@ def test_the_retry_matching_confirmation_counts_no_further_than_the_count_limit(
     counts = [query["sql"] for query in queries.captured_queries if "COUNT(" in query["sql"]]
     assert counts
     assert all("LIMIT 4" in sql for sql in counts)
+
+
+def test_a_list_says_when_its_count_is_an_estimate_or_where_counting_stopped(
+    operator, make_message, settings, monkeypatch
+):
+    from console.admin.inbox import InboxMessageAdmin
+
+    monkeypatch.setattr(InboxMessageAdmin, "list_per_page", 2)
+    settings.CONSOLE_COUNT_LIMIT = 3
+    for _ in range(5):
+        make_message(InboxMessage.Status.FAILED)
+    make_message(InboxMessage.Status.DONE)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE inbox_message")  # as autovacuum does: the estimate is 6 rows
+    client = logged_in(operator)
+
+    def counts(**filters: str) -> list[str]:
+        """The count as the header ("N results"), the count under the list ("N inbox
+        messages") and the actions bar ("Select all N", "All N selected") say it."""
+        page = client.get(MESSAGES, filters).content.decode()
+        found = [
+            re.search(r"([^>]*) results \(", page),
+            re.search(r'id="result-count">(.*?)</div>', page, re.S),
+            re.search(r"Select all (.*?) inbox messages", page, re.S),
+            re.search(r'class="all hidden">(.*?)</span>', page, re.S),
+        ]
+        return [" ".join(match.group(1).split()) if match else "" for match in found]
+
+    # The whole table: PostgreSQL's estimate, past the limit.
+    assert counts() == ["about 6", "- about 6 inbox messages", "about 6", "All about 6 selected"]
+    # A filter: counted up to the limit and no further.
+    more = "more than 3"
+    assert counts(status__exact="FAILED") == [
+        more,
+        f"- {more} inbox messages",
+        more,
+        f"All {more} selected",
+    ]
+    # Within the limit, exact.
+    settings.CONSOLE_COUNT_LIMIT = 10
+    assert counts(status__exact="FAILED") == ["5", "- 5 inbox messages", "5", "All 5 selected"]
 
 
 def test_retry_matching_counts_confirms_and_freezes_the_ids(

@@ -7,7 +7,9 @@ process: the real PostgreSQL holds events, messages and analytics results in eve
 that details and actions reach rows, and the consumer-lag endpoint asks the real Kafka. The
 caller is a superuser with an API token allowed every action. Each answer must be no 5xx, a
 status code and a content type the operation documents, and a body that matches the
-documented schema of that status (the Error component for every 4xx).
+documented schema of that status (the Error component for every 4xx). After the examples,
+each operation must have answered at least one of them with a success (2xx): a token or a
+permission refused everywhere would otherwise pass, every 401 and 403 being documented.
 
 The examples are derandomized and bounded per operation, so a run is repeatable and takes
 about a minute.
@@ -16,6 +18,7 @@ about a minute.
 import base64
 import json
 import os
+from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, cast
@@ -95,7 +98,8 @@ def _ids(model: type[Model], run: AnalyticsRun) -> list[str]:
 
 
 def _bulk_operations(events: list[OutboxEvent], settings: Any) -> list[str]:
-    """A bulk operation queued (two chunks) and one done in its request."""
+    """A bulk operation queued (two chunks) and one done in its request, over `events` (two
+    PENDING, then a FAILED one it discards)."""
     operator = User.objects.create_superuser(username="bulk-operator", password="pw")
     chunk_size = settings.CONSOLE_BULK_CHUNK_SIZE
     settings.CONSOLE_BULK_CHUNK_SIZE = 1
@@ -147,8 +151,15 @@ def rows(
         make_message(InboxMessage.Status.PENDING, group="audit"),
     ]
     run = result_run()
+    # Events of their own: the bulk discard would leave no FAILED event for the event's
+    # discard and the outbox failure group's actions to succeed on.
+    bulk_events = [
+        make_event(Status.PENDING),
+        make_event(Status.PENDING),
+        make_event(Status.FAILED),
+    ]
     return {
-        "/api/bulk-operations/": _bulk_operations(events, settings),
+        "/api/bulk-operations/": _bulk_operations(bulk_events, settings),
         "/api/outbox/events/": [str(event.pk) for event in events],
         "/api/inbox/messages/": [str(message.pk) for message in messages],
         "/api/analytics/runs/": [str(run.pk)],
@@ -183,6 +194,17 @@ def app() -> Iterator[WSGIHandler]:
     finally:
         request_started.connect(close_old_connections)
         request_finished.connect(close_old_connections)
+
+
+@pytest.fixture
+def answers() -> Iterator[list[int]]:
+    """The status codes of one operation's answers; once its examples have run, at least one
+    must be a success, or the run proved nothing of the operation's documented answers."""
+    statuses: list[int] = []
+    yield statuses
+    assert any(200 <= status < 300 for status in statuses), (
+        f"no successful answer among {sorted(Counter(statuses).items())}"
+    )
 
 
 def _served_schema() -> dict[str, Any]:
@@ -224,7 +246,12 @@ def test_the_fuzzed_schema_is_the_served_one(token: str) -> None:
     ],
 )
 def test_every_operation_keeps_its_documented_contract(
-    case: Case, data: st.DataObject, app: WSGIHandler, rows: dict[str, list[str]], token: str
+    case: Case,
+    data: st.DataObject,
+    app: WSGIHandler,
+    rows: dict[str, list[str]],
+    token: str,
+    answers: list[int],
 ) -> None:
     # Half the time, details and actions name a row that exists (in one of its states), the
     # held keys' actions the held key and the failure groups' actions a group; the other half,
@@ -241,12 +268,76 @@ def test_every_operation_keeps_its_documented_contract(
         case.body = {**case.body, **group}
     # Throttling has its own tests; here every request must reach its view.
     cache.clear()
-    case.call_and_validate(
+    response = case.call_and_validate(
         base_url=f"http://{HOST}",
         app=app,
         headers={"Authorization": f"Token {token}"},
         checks=CHECKS,
     )
+    answers.append(response.status_code)
+
+
+def _closed(node: Any) -> Any:
+    """`node` (a schema) with every object that names its properties closed to others: a
+    field a body has and the schema does not name fails too."""
+    if isinstance(node, list):
+        return [_closed(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    closed = {key: _closed(value) for key, value in node.items()}
+    if isinstance(node.get("properties"), dict) and "additionalProperties" not in node:
+        closed["additionalProperties"] = False
+    return closed
+
+
+CLOSED_SCHEMA = schemathesis.openapi.from_dict(_closed(SERVED_SCHEMA))
+
+
+@pytest.fixture
+def stats(
+    make_event: Callable[..., OutboxEvent],
+    make_message: Callable[..., InboxMessage],
+    kafka_topic: Callable[..., str],
+    settings: Any,
+) -> None:
+    """What makes each part of the stats' bodies present: failures of both sides, an
+    analytics run, and a consumer group that committed an offset."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from kafka_events.kafka import kafka_connection_config
+
+    make_event(Status.FAILED)
+    make_message(InboxMessage.Status.FAILED)
+    result_run()
+    topic = kafka_topic()
+    consumer = Consumer({**kafka_connection_config(), "group.id": "contract-lag"})
+    consumer.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)
+    consumer.close()
+    settings.CONSOLE_CONSUMER_GROUPS = ["contract-lag"]
+    cache.clear()
+
+
+@pytest.mark.parametrize("path", ["/api/stats/summary/", "/api/stats/consumer-lag/"])
+def test_the_stats_answer_the_documented_fields_and_no_others(
+    path: str, stats: None, app: WSGIHandler, token: str
+) -> None:
+    case = CLOSED_SCHEMA[path]["GET"].Case()
+    response = case.call(
+        base_url=f"http://{HOST}", app=app, headers={"Authorization": f"Token {token}"}
+    )
+    assert response.status_code == 200, response.text
+    case.validate_response(response, checks=[response_schema_conformance])
+    body = response.json()
+    # Each nested part was there to be held to its schema.
+    if path == "/api/stats/summary/":
+        assert body["analytics"] is not None
+        assert {row["side"] for row in body["failures_by_error_class"]} == {"outbox", "inbox"}
+    else:
+        assert body["reachable"] is True, body["error"]
+        committed = [
+            row["committed"] for row in body["partitions"] if row["group"] == "contract-lag"
+        ]
+        assert committed == [0]
 
 
 def _operations() -> list[tuple[str, str, dict[str, Any]]]:

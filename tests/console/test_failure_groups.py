@@ -73,6 +73,23 @@ def test_retrying_a_group_confirms_its_count_and_retries_it_alone(
     assert {status(event) for event in failed_events["timeout_a"]} == {"FAILED"}
 
 
+def test_a_group_past_the_count_limit_confirms_its_own_count(operator, failed_events, settings):
+    settings.CONSOLE_COUNT_LIMIT = 2
+    client = logged_in(operator)
+    group = "status__exact=waiting&error_class=MSG_SIZE_TOO_LARGE&topic=orders.a"
+    for action in ("retry", "discard"):
+        confirmation = client.get(f"{EVENTS}{action}-matching/?{group}")
+        assert (confirmation.context["count"], confirmation.context["count_is_exact"]) == (3, True)
+        page = " ".join(confirmation.content.decode().split())
+        assert f"{action.capitalize()} 3 rows" in page
+        assert "more than" not in page
+    # The same filter narrowed further, or any other filter, is counted up to the limit.
+    for other in (f"{group}&event_type=OrderPlaced", "status__exact=waiting"):
+        confirmation = client.get(f"{EVENTS}retry-matching/?{other}")
+        assert (confirmation.context["count"], confirmation.context["count_is_exact"]) == (2, False)
+        assert "more than 2" in confirmation.content.decode()
+
+
 def test_discarding_an_inbox_group_discards_that_group_alone(make_message, make_user):
     def failed(group: str, error: str, count: int) -> list[InboxMessage]:
         return [

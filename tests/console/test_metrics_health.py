@@ -1,12 +1,16 @@
 """/metrics reads the backlog from the database at scrape time; /health/ checks PostgreSQL,
 Kafka, Redis, Celery workers and beat."""
 
+import asyncio
+import contextlib
 import dataclasses
 import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 from django.conf import settings
@@ -166,3 +170,88 @@ def test_the_kafka_check_reuses_one_admin_client():
     for _ in range(3):
         assert asyncio.run(Kafka().get_result()).error is None
     assert _kafka_admin_client.cache_info().currsize == 1
+
+
+class RestartableRedis:
+    """A port that forwards to the real Redis and can stop (every connection closed, new ones
+    refused) and start again on the same port: what a Redis restart looks like to a client."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self._sockets: list[socket.socket] = []
+
+    def start(self) -> None:
+        listener = socket.create_server(("127.0.0.1", self.port))
+        self._sockets.append(listener)
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def stop(self) -> None:
+        for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        self._sockets.clear()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            self._sockets += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+
+
+@pytest.fixture
+def restartable_redis(settings):
+    url = urlparse(settings.CELERY_BROKER_URL)
+    redis_port = RestartableRedis((url.hostname or "127.0.0.1", url.port or 6379))
+    redis_port.start()
+    # A database no test writes: the checks only read it.
+    settings.CELERY_BROKER_URL = f"redis://127.0.0.1:{redis_port.port}/15"
+    yield redis_port
+    redis_port.stop()
+
+
+def test_the_redis_checks_reuse_one_client_that_outlives_a_redis_restart(
+    restartable_redis, monkeypatch
+):
+    import redis
+
+    from console.beat import redis_client
+    from console.health import CeleryBeat, Redis
+
+    used = []
+    send = redis.Redis.execute_command
+
+    def recorded(client, *args, **options):
+        used.append(client)
+        return send(client, *args, **options)
+
+    monkeypatch.setattr(redis.Redis, "execute_command", recorded)
+
+    def errors() -> list[str]:
+        results = [asyncio.run(check().get_result()) for check in (Redis, CeleryBeat)]
+        return [str(result.error or "") for result in results]
+
+    # Redis answers; beat, which no test runs, has no heartbeat there.
+    up = ["", "Unavailable: Celery beat has no heartbeat: not running"]
+    assert errors() == up
+    assert errors() == up
+    restartable_redis.stop()
+    down = ["Unavailable: Redis unreachable", "Unavailable: Celery beat's heartbeat cannot be read"]
+    assert errors() == down
+    restartable_redis.start()
+    assert errors() == up
+    assert {id(client) for client in used} == {id(redis_client(settings.CELERY_BROKER_URL))}
