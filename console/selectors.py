@@ -14,7 +14,7 @@ import redis
 from django.conf import settings
 from django.core.cache import cache
 from django.db import DatabaseError, connection, transaction
-from django.db.models import BooleanField, Count, Model, Q, QuerySet, Sum
+from django.db.models import BooleanField, CharField, Count, Model, Q, QuerySet, Sum
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
@@ -23,6 +23,7 @@ from inbox.models import InboxMessage
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
 from outbox.selectors import (
     LogBacklog,
+    outbox_event_records,
     outbox_last_published_at,
     outbox_log_backlog,
     outbox_log_done_count,
@@ -204,9 +205,10 @@ def failures_by_error_class(*, limit: int = 10) -> list[dict[str, Any]]:
 
 
 # How a failure's class is read from its error text: the text before ':' on its first line
-# ("MSG_SIZE_TOO_LARGE: ...", "ValueError: ..."), as the dashboard and the failure groups
-# name it. An empty text is its own class.
-ERROR_CLASS_SQL = "split_part(split_part(last_error, E'\\n', 1), ':', 1)"
+# ("MSG_SIZE_TOO_LARGE: ...", "ValueError: ..."), as the dashboard, the failure groups and the
+# outbox's attempt history name it. An empty text is its own class.
+ERROR_CLASS_OF_SQL = "split_part(split_part({column}, E'\\n', 1), ':', 1)"
+ERROR_CLASS_SQL = ERROR_CLASS_OF_SQL.format(column="last_error")
 NO_ERROR_TEXT = "(no error text)"
 FAILURE_GROUPS_SHOWN = 200
 
@@ -327,6 +329,16 @@ def failure_group_rows(
         in_group = RawSQL(sql, params, output_field=BooleanField())  # noqa: S611
         return OutboxEvent.objects.filter(in_group)
     return rows
+
+
+def outbox_event_attempts(event: OutboxEvent) -> QuerySet[OutboxDelivery]:
+    """The delivery records of `event`, oldest first (outbox_event_records), each with the
+    class of its error as `error_class`: read from the error text, as ERROR_CLASS_SQL reads
+    it, not stored (empty for a published or discarded record, whose error is empty)."""
+    error_class = ERROR_CLASS_OF_SQL.format(column='"outbox_delivery"."error"')
+    return outbox_event_records(event).annotate(
+        error_class=RawSQL(error_class, (), output_field=CharField())  # noqa: S611 (a constant)
+    )
 
 
 def error_class_condition(error_class: str, *, field: str = "last_error") -> Q:

@@ -468,6 +468,7 @@ def _sent_from(reports: DeliveryReports, events: Sequence[LogEvent], *, fatal: b
             published_at=record_time(by_id[delivery.event_id], delivery.published_at),
             partition=delivery.partition,
             offset=delivery.offset,
+            duration_ms=reports.duration_ms(delivery.event_id),
         )
         for delivery in reports.deliveries.values()
     ]
@@ -477,6 +478,7 @@ def _sent_from(reports: DeliveryReports, events: Sequence[LogEvent], *, fatal: b
             outcome=Outcome.FAILED,
             published_at=record_time(event, now),
             error=reports.failures.get(event.id, "no delivery report in time"),
+            duration_ms=reports.duration_ms(event.id),
         )
         for event in events
         if event.id not in reports.deliveries and event.id not in reports.skipped

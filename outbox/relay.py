@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import socket
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -79,12 +80,33 @@ class DeliveryReports:
     refused: set[uuid.UUID] = field(default_factory=set)
     # Not produced: an earlier event of the same key was refused.
     skipped: set[uuid.UUID] = field(default_factory=set)
+    # When each record was handed to the producer (time.monotonic(), seconds), and how long
+    # the try of each took until its delivery report or refusal, in whole milliseconds. A
+    # clock read and a dict entry per record at each end: nothing heavier on the hot path.
+    handed_at: dict[uuid.UUID, float] = field(default_factory=dict)
+    durations_ms: dict[uuid.UUID, int] = field(default_factory=dict)
 
     def refuse(self, event: LogEvent, error: str) -> None:
         self.failures[event.id] = error
         self.refused.add(event.id)
+        self._took(event.id)
+
+    def duration_ms(self, event_id: uuid.UUID) -> int | None:
+        """How long the try of `event_id` took: until its report or refusal, or for one with
+        neither, until now (when the relay gives up on it); None if it was never handed to
+        the producer."""
+        took = self.durations_ms.get(event_id)
+        if took is None and event_id in self.handed_at:
+            took = round((time.monotonic() - self.handed_at[event_id]) * 1000)
+        return took
+
+    def _took(self, event_id: uuid.UUID) -> None:
+        handed_at = self.handed_at.get(event_id)
+        if handed_at is not None:
+            self.durations_ms[event_id] = round((time.monotonic() - handed_at) * 1000)
 
     def on_delivery(self, event_id: uuid.UUID, error: KafkaError | None, message: Message) -> None:
+        self._took(event_id)
         if error is None:
             self.deliveries[event_id] = Delivery(
                 event_id=event_id,
@@ -117,6 +139,7 @@ def produce_all(
         if (event.topic, event.key) in refused_keys:
             reports.skipped.add(event.id)
             continue
+        reports.handed_at[event.id] = time.monotonic()
         if spans is not None:
             spans.start(event)
         key, value, headers = event.key.encode(), event.payload_json.encode(), record_headers(event)
@@ -185,7 +208,7 @@ def publish_batch_in_transaction(
     try:
         kafka.begin_transaction()
         if not produce_all(producer, events, reports, spans):
-            return DeliveryReports(), True
+            return DeliveryReports(handed_at=reports.handed_at), True
         kafka.commit_transaction(timeout)
         kafka.flush(0)
     except KafkaException as error:
@@ -193,16 +216,20 @@ def publish_batch_in_transaction(
         if kafka_error.fatal():
             # Fenced by a newer relay with the same transactional.id, or worse.
             producer.fatal_error = kafka_error
-            return DeliveryReports(), True
+            return DeliveryReports(handed_at=reports.handed_at), True
         logger.warning("Outbox relay aborts its Kafka transaction: %s", kafka_error)
         try:
             kafka.abort_transaction(timeout)
         except KafkaException as abort_error:
             if abort_error.args[0].fatal():
                 producer.fatal_error = abort_error.args[0]
-                return DeliveryReports(), True
+                return DeliveryReports(handed_at=reports.handed_at), True
         reason = f"transaction aborted: {kafka_error.name()}: {kafka_error.str()}"
-        return DeliveryReports(failures={event.id: reason for event in events}), False
+        # Every try lasted until the abort, reported or not.
+        aborted = DeliveryReports(
+            failures={event.id: reason for event in events}, handed_at=reports.handed_at
+        )
+        return aborted, False
     # Records become visible to read_committed consumers at the commit, not at delivery.
     committed_at = datetime.now(UTC)
     for event_id, delivery in list(reports.deliveries.items()):

@@ -171,6 +171,7 @@ class InboxMessageAdmin(DeliveryAdmin):
                 f"partition {attempt.partition}, offset {attempt.offset}",
                 attempt.member,
                 attempt.handler or "-",
+                attempt.error_class or "-",
                 preformatted(attempt.error),
             )
             for attempt in attempts[:ATTEMPTS_SHOWN]
@@ -188,7 +189,16 @@ class InboxMessageAdmin(DeliveryAdmin):
             else ""
         )
         return attempts_table(
-            columns=("When (UTC)", "Outcome", "Duration", "Record", "Member", "Handler", "Error"),
+            columns=(
+                "When (UTC)",
+                "Outcome",
+                "Duration",
+                "Record",
+                "Member",
+                "Handler",
+                "Error class",
+                "Error",
+            ),
             lines=lines,
             more=len(attempts) > ATTEMPTS_SHOWN,
             api_view="inbox-message-attempts",

@@ -40,13 +40,12 @@ from console.admin.base import (
 )
 from console.models import OperatorAction
 from console.operations import outbox_event_action, outbox_key_release_action
-from console.selectors import event_consumers
-from outbox.models import OutboxEvent, OutboxEventPermission, OutboxHeldEvent
+from console.selectors import event_consumers, outbox_event_attempts
+from outbox.models import OutboxDelivery, OutboxEvent, OutboxEventPermission, OutboxHeldEvent
 from outbox.selectors import (
     DISCARDED,
     WAITING_FOR_OPERATOR,
     outbox_event_delivered,
-    outbox_event_records,
     outbox_events_in_state,
     outbox_events_with_delivery,
 )
@@ -373,21 +372,24 @@ class OutboxEventAdmin(DeliveryAdmin):
 
     @display(description="Delivery attempts, oldest first")
     def attempt_history(self, event: Any) -> str:
-        records = list(outbox_event_records(event)[: ATTEMPTS_SHOWN + 1])
+        # Annotated with error_class by the selector.
+        records: list[Any] = list(outbox_event_attempts(event)[: ATTEMPTS_SHOWN + 1])
         lines = [
             (
                 millis(record.published_at),
                 record.outcome,
+                _duration_text(record),
                 f"partition {record.kafka_partition}, offset {record.kafka_offset}"
                 if record.kafka_partition is not None
                 else "-",
                 record.relay,
+                record.error_class or "-",
                 preformatted(record.error),
             )
             for record in records[:ATTEMPTS_SHOWN]
         ]
         return attempts_table(
-            columns=("When", "Outcome", "Placement", "Relay", "Error"),
+            columns=("When", "Outcome", "Duration", "Placement", "Relay", "Error class", "Error"),
             lines=lines,
             more=len(records) > ATTEMPTS_SHOWN,
             api_view="outbox-event-attempts",
@@ -570,3 +572,11 @@ def _next_attempt_text(held: OutboxHeldEvent) -> Any:
     if held.attempts > 0:
         return f"waiting for an operator ({held.attempts} attempts spent)"
     return "after the events before it in its key"
+
+
+def _duration_text(record: OutboxDelivery) -> str:
+    if record.outcome == OutboxDelivery.Outcome.DISCARDED:
+        return "-"  # an operator's decision, not a try
+    if record.duration_ms is None:
+        return "unknown"  # written before the relay kept durations (migration 0018)
+    return f"{record.duration_ms} ms"

@@ -90,6 +90,8 @@ class DeliveryRecord:
     partition: int | None = None
     offset: int | None = None
     error: str = ""
+    # How long the try took, in whole milliseconds (OutboxDelivery.duration_ms).
+    duration_ms: int | None = None
 
 
 def shard_of(key: str) -> int:
@@ -349,10 +351,10 @@ def deliveries_insert(*, relay_id: str, records: Sequence[DeliveryRecord]) -> No
         db.execute(
             """
             INSERT INTO outbox_delivery (event_id, outcome, published_at, kafka_partition,
-                                         kafka_offset, error, relay)
+                                         kafka_offset, error, duration_ms, relay)
             SELECT record.*, %s
             FROM unnest(%s::uuid[], %s::varchar[], %s::timestamptz[], %s::integer[],
-                        %s::bigint[], %s::text[]) AS record
+                        %s::bigint[], %s::text[], %s::integer[]) AS record
             """,
             [
                 relay_id,
@@ -362,6 +364,7 @@ def deliveries_insert(*, relay_id: str, records: Sequence[DeliveryRecord]) -> No
                 [r.partition for r in records],
                 [r.offset for r in records],
                 [r.error for r in records],
+                [r.duration_ms for r in records],
             ],
         )
 

@@ -1,6 +1,7 @@
 """Fixtures of the console's tests: users with and without each permission, and outbox and
 inbox rows in any state, written through the services or as the relay would leave them."""
 
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
@@ -110,6 +111,18 @@ def logged_in(user: User) -> Client:
     client = Client()
     client.force_login(user)
     return client
+
+
+def attempt_rows(html: str) -> list[dict[str, str]]:
+    """The rows of the attempt history table on a detail page, each by its column's heading."""
+    table = html[html.index("console-attempts") :]
+    table = table[: table.index("</table>")]
+    headings = re.findall(r"<th[^>]*>(.*?)</th>", table, re.S)
+    return [
+        dict(zip(headings, re.findall(r"<td[^>]*>(.*?)</td>", row, re.S), strict=True))
+        for row in re.findall(r"<tr>(.*?)</tr>", table, re.S)
+        if "<td" in row
+    ]
 
 
 def client_for(user: User) -> APIClient:

@@ -18,7 +18,7 @@ from inbox.records import parse_record
 from inbox.registry import scoped_registry
 from inbox.services.recording import inbox_message_record_batch
 from inbox.services.retries import inbox_message_retry
-from tests.console.conftest import client_for
+from tests.console.conftest import attempt_rows, client_for
 from tests.inbox.factories import Event
 
 API = "/api/inbox/messages/"
@@ -139,6 +139,11 @@ def test_the_admin_shows_the_attempts_as_a_timeline(viewer, flaky):
     stamps = re.findall(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", table)
     assert stamps == [a.attempted_at.isoformat(timespec="milliseconds") for a in attempts]
     assert re.findall(r">(DONE|FAILED)<", table) == ["FAILED", "FAILED", "DONE"]
+    assert [(row["Duration"], row["Error class"]) for row in attempt_rows(page)] == [
+        (f"{a.duration_ms:.1f} ms", a.error_class or "-") for a in attempts
+    ]
+    failed_class = f"{__name__}.LedgerLocked"
+    assert [row["Error class"] for row in attempt_rows(page)] == [failed_class] * 2 + ["-"]
     assert table.count(f"retry-task@{PROCESS}") == 2
     assert ">member-7<" in table
     assert "partition 3, offset 41" in table

@@ -6,6 +6,7 @@ Most tests write the records the relay writes (OutboxDelivery, OutboxHeldEvent) 
 last ones drive a real LogRelay against Kafka and read the pages of its own records."""
 
 import json
+import time
 import uuid
 from datetime import timedelta
 
@@ -20,14 +21,24 @@ from outbox.producer import close_producers
 from outbox.selectors import outbox_event_delivered
 from outbox.services.event_log import shard_of
 from tests.conftest import event_row_place, publish_numbered
-from tests.console.conftest import VIEW_PERMISSIONS, client_for, logged_in
+from tests.console.conftest import VIEW_PERMISSIONS, attempt_rows, client_for, logged_in
 from tests.outbox.conftest import consume_all
 
 ADMIN = "/admin/outbox/outboxevent/"
 API = "/api/outbox/events/"
 
 
-def record(event, outcome, *, at=None, partition=None, offset=None, error="", relay="relay-1"):
+def record(
+    event,
+    outcome,
+    *,
+    at=None,
+    partition=None,
+    offset=None,
+    error="",
+    relay="relay-1",
+    duration_ms=None,
+):
     return OutboxDelivery.objects.create(
         event_id=event.pk,
         outcome=outcome,
@@ -36,6 +47,7 @@ def record(event, outcome, *, at=None, partition=None, offset=None, error="", re
         kafka_offset=offset,
         error=error,
         relay=relay,
+        duration_ms=duration_ms,
     )
 
 
@@ -61,6 +73,17 @@ def field(html: str, label: str) -> str:
     return html[html.index(">", value) + 1 : html.index("</div>", value)].strip()
 
 
+ATTEMPT_FIELDS = {
+    "id",
+    "outcome",
+    "at",
+    "duration_ms",
+    "kafka_partition",
+    "kafka_offset",
+    "error_class",
+    "error",
+    "relay",
+}
 TIMED_OUT = "MSG_TIMED_OUT: Local: Message timed out"
 TOO_BIG = "MSG_SIZE_TOO_LARGE: Broker: Message too large"
 
@@ -70,11 +93,14 @@ def log_relay_events(make_event):
     """One event in each state, as the relay leaves them."""
     start = timezone.now() - timedelta(minutes=10)
     done = make_event(key="k-done")
+    # Written before the relay kept durations: none.
     record(done, "FAILED", at=start, error=TIMED_OUT)
-    record(done, "PUBLISHED", at=start + timedelta(seconds=1), partition=2, offset=77)
+    record(
+        done, "PUBLISHED", at=start + timedelta(seconds=1), partition=2, offset=77, duration_ms=7
+    )
     failed = make_event(key="k-failed")
-    record(failed, "FAILED", at=start, error=TIMED_OUT)
-    record(failed, "FAILED", at=start + timedelta(seconds=2), error=TOO_BIG)
+    record(failed, "FAILED", at=start, error=TIMED_OUT, duration_ms=30_000)
+    record(failed, "FAILED", at=start + timedelta(seconds=2), error=TOO_BIG, duration_ms=0)
     hold(failed, attempts=2, error=TOO_BIG)
     waiting = make_event(key="k-failed")
     hold(waiting)
@@ -211,23 +237,21 @@ def test_attempts_endpoint_lists_the_records_oldest_first(viewer, log_relay_even
     client = client_for(viewer)
     failed = log_relay_events["failed"]
     body = client.get(f"{API}{failed.pk}/attempts/").json()
-    assert [(row["outcome"], row["error"]) for row in body["results"]] == [
-        ("FAILED", TIMED_OUT),
-        ("FAILED", TOO_BIG),
+    assert [
+        (row["outcome"], row["duration_ms"], row["error_class"], row["error"])
+        for row in body["results"]
+    ] == [
+        ("FAILED", 30_000, "MSG_TIMED_OUT", TIMED_OUT),
+        ("FAILED", 0, "MSG_SIZE_TOO_LARGE", TOO_BIG),
     ]
-    assert set(body["results"][0]) == {
-        "id",
-        "outcome",
-        "at",
-        "kafka_partition",
-        "kafka_offset",
-        "error",
-        "relay",
-    }
+    assert set(body["results"][0]) == ATTEMPT_FIELDS
     done = client.get(f"{API}{log_relay_events['done'].pk}/attempts/").json()["results"]
-    assert [(r["outcome"], r["kafka_partition"], r["kafka_offset"]) for r in done] == [
-        ("FAILED", None, None),
-        ("PUBLISHED", 2, 77),
+    assert [
+        (r["outcome"], r["duration_ms"], r["kafka_partition"], r["kafka_offset"], r["error_class"])
+        for r in done
+    ] == [
+        ("FAILED", None, None, None, "MSG_TIMED_OUT"),  # no duration: an older record
+        ("PUBLISHED", 7, 2, 77, ""),
     ]
     assert done[0]["at"] < done[1]["at"]
     assert client.get(f"{API}{log_relay_events['pending'].pk}/attempts/").json()["results"] == []
@@ -259,15 +283,15 @@ def test_the_schema_documents_the_attempts_endpoint(viewer):
     page = schema["components"]["schemas"][reference.rsplit("/", 1)[1]]
     assert "next" in page["properties"]
     item = page["properties"]["results"]["items"]["$ref"].rsplit("/", 1)[1]
-    assert set(schema["components"]["schemas"][item]["properties"]) == {
-        "id",
-        "outcome",
-        "at",
-        "kafka_partition",
-        "kafka_offset",
-        "error",
-        "relay",
-    }
+    properties = schema["components"]["schemas"][item]["properties"]
+    assert set(properties) == ATTEMPT_FIELDS
+    assert (properties["duration_ms"]["type"], properties["duration_ms"]["nullable"]) == (
+        "integer",
+        True,
+    )
+    assert properties["error_class"]["type"] == "string"
+    assert all(properties[name]["readOnly"] for name in ("duration_ms", "error_class"))
+    assert "milliseconds" in properties["duration_ms"]["description"]
 
 
 # --- REST API: repairs ------------------------------------------------------------------------
@@ -397,12 +421,20 @@ def test_admin_detail_shows_the_attempts_and_the_held_state(viewer, log_relay_ev
     history = done[done.index("console-attempts") :]
     assert history.index(first) < history.index(published)
     assert history.index(TIMED_OUT) < history.index("PUBLISHED")
+    assert [(row["Duration"], row["Error class"]) for row in attempt_rows(done)] == [
+        ("unknown", "MSG_TIMED_OUT"),  # a record from before durations were kept
+        ("7 ms", "-"),
+    ]
     assert "No attempt yet." not in done
 
     failed = client.get(f"{ADMIN}{log_relay_events['failed'].pk}/change/").content.decode()
     assert "FAILED" in failed
     history = failed[failed.index("console-attempts") :]
     assert history.index(TIMED_OUT) < history.index(TOO_BIG)
+    assert [(row["Duration"], row["Error class"]) for row in attempt_rows(failed)] == [
+        ("30000 ms", "MSG_TIMED_OUT"),
+        ("0 ms", "MSG_SIZE_TOO_LARGE"),
+    ]
     assert "waiting for an operator" in field(failed, "Next attempt")
     assert field(failed, "Attempts") == "2"
     assert TOO_BIG in field(failed, "Last error")
@@ -418,6 +450,10 @@ def test_admin_detail_shows_the_attempts_and_the_held_state(viewer, log_relay_ev
     assert "FAILED (discarded)" in discarded
     assert field(discarded, "Discarded at") != "-"
     assert "DISCARDED" in discarded[discarded.index("console-attempts") :]
+    assert [(row["Outcome"], row["Duration"]) for row in attempt_rows(discarded)][-1] == (
+        "DISCARDED",
+        "-",  # not a try
+    )
 
     pending = client.get(f"{ADMIN}{log_relay_events['pending'].pk}/change/").content.decode()
     assert ">PENDING<" in pending
@@ -518,6 +554,11 @@ def test_the_pages_show_what_a_real_relay_recorded(
     topic = kafka_topic()
     sent = publish_numbered(topic, "a", 0)
     head = publish_numbered(topic, "b", 0, too_large=True)
+    started = time.monotonic()
+
+    def elapsed_ms() -> float:
+        return (time.monotonic() - started) * 1000
+
     behind = publish_numbered(topic, "b", 1)
     size_limited_log_relay.run()
     OutboxHeldEvent.objects.filter(attempts__gt=0).update(next_attempt_at=timezone.now())
@@ -538,18 +579,30 @@ def test_the_pages_show_what_a_real_relay_recorded(
     attempts = api.get(f"{API}{head.pk}/attempts/").json()["results"]
     assert [row["outcome"] for row in attempts] == ["FAILED", "FAILED"]
     assert all("MSG_SIZE_TOO_LARGE" in row["error"] for row in attempts)
+    # Refused by the producer at once: the class of the refusal, and no wait for a broker.
+    assert [row["error_class"] for row in attempts] == ["MSG_SIZE_TOO_LARGE"] * 2
+    assert all(0 <= row["duration_ms"] <= 500 for row in attempts), attempts
     assert [row["relay"] for row in attempts] == [size_limited_log_relay.relay_id] * 2
+    [published_try] = api.get(f"{API}{sent.pk}/attempts/").json()["results"]
+    assert (published_try["outcome"], published_try["error_class"]) == ("PUBLISHED", "")
+    assert 0 <= published_try["duration_ms"] <= elapsed_ms(), published_try
 
     html = admin.get(ADMIN, {"status__exact": "FAILED", "topic": topic}).content.decode()
     assert str(head.pk) in html
     assert str(behind.pk) not in html
     detail = admin.get(f"{ADMIN}{head.pk}/change/").content.decode()
     assert detail.count("MSG_SIZE_TOO_LARGE") >= 2
+    assert [(row["Duration"], row["Error class"]) for row in attempt_rows(detail)] == [
+        (f"{row['duration_ms']} ms", "MSG_SIZE_TOO_LARGE") for row in attempts
+    ]
     assert "waiting for an operator" in detail
     behind_page = admin.get(f"{ADMIN}{behind.pk}/change/").content.decode()
     assert f'href="{ADMIN}{head.pk}/change/"' in behind_page
     published = admin.get(f"{ADMIN}{sent.pk}/change/").content.decode()
     assert f"partition {message.partition()}, offset {message.offset()}" in published
+    assert [(row["Duration"], row["Error class"]) for row in attempt_rows(published)] == [
+        (f"{published_try['duration_ms']} ms", "-")
+    ]
 
     # Retry through the API once the limit is lifted: the relay sends the key in order.
     settings.OUTBOX = {**settings.OUTBOX, "PRODUCER_CONFIG": {}}

@@ -4,6 +4,7 @@ import re
 import signal
 import socket
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -95,7 +96,9 @@ def test_events_go_out_once_in_order_per_key_and_each_delivery_is_a_row(
         )
         raise RuntimeError("rolled back")
 
+    started = time.monotonic()
     result = log_relay(batch_size=100).run()
+    run_ms = (time.monotonic() - started) * 1000
 
     assert (result.published, result.failed, result.held, result.drained) == (600, 0, 0, True)
     messages = consume_all(kafka_consumer_config, topic, expected=600)
@@ -110,6 +113,8 @@ def test_events_go_out_once_in_order_per_key_and_each_delivery_is_a_row(
             message.partition(),
             message.offset(),
         )
+        # How long its try took, from the hand-off to the producer to the report: within the run.
+        assert 0 <= delivery.duration_ms <= run_ms
     # The event rows were never touched: each one's row version is still the one its own
     # transaction wrote (an UPDATE would have given it the relay's transaction id).
     assert rows_written_again() == 0
@@ -298,12 +303,17 @@ def test_with_the_broker_unreachable_the_batch_waits_and_no_key_is_held(
     }
     during_outage = log_relay()
 
+    started = time.monotonic()
     outage = during_outage.run(max_seconds=0.1)
+    run_ms = (time.monotonic() - started) * 1000
 
     assert (outage.published, outage.failed, outage.held) == (0, 5, 0)
     assert not OutboxHeldEvent.objects.exists()
     assert set(OutboxDelivery.objects.values_list("outcome", flat=True)) == {"FAILED"}
     assert "_MSG_TIMED_OUT" in OutboxDelivery.objects.first().error
+    # Each try lasted until the producer gave the record up: its delivery timeout (1,000 ms).
+    durations = OutboxDelivery.objects.values_list("duration_ms", flat=True)
+    assert all(900 <= duration <= run_ms for duration in durations), (list(durations), run_ms)
     during_outage.close()
 
     settings.KAFKA_EVENTS = reachable
@@ -501,6 +511,10 @@ def test_a_record_over_its_topic_limit_is_refused_before_producing_and_holds_its
     head = OutboxHeldEvent.objects.order_by("transaction_id", "position").first()
     assert head.last_error.startswith("RECORD_TOO_LARGE")
     assert f"topic {topic} takes at most 3000" in head.last_error
+    # Refused by the relay itself, at once: no wait for a broker.
+    refused = OutboxDelivery.objects.get(event_id=head.event_id)
+    assert refused.outcome == "FAILED"
+    assert 0 <= refused.duration_ms <= 50
     messages = consume_all(kafka_consumer_config, topic, expected=2)
     assert sorted((m.key(), payload_of(m).get("seq")) for m in messages) == [
         (b"a", 0),
@@ -537,6 +551,8 @@ def test_transactional_mode_fences_a_relay_that_lost_its_shards_and_sends_on(
     topic = kafka_topic(partitions=2)
     first = publish_events(topic, 10, keys=10)
     assert zombie.run().published == 10
+    # Each try in the Kafka transaction is timed like any other.
+    assert None not in OutboxDelivery.objects.values_list("duration_ms", flat=True)
 
     # The zombie loses its database session (and its shards with it) while it stalls; a
     # successor with its slot takes the shards over.

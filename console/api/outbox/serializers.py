@@ -119,10 +119,37 @@ class OutboxDeliverySerializer(serializers.ModelSerializer):
         help_text="When the broker confirmed the record; for a failure, when the report came; "
         "for a discard, when the operator gave up.",
     )
+    duration_ms = serializers.IntegerField(
+        read_only=True,
+        allow_null=True,
+        help_text="How long the try took, in whole milliseconds: from the relay handing the "
+        "record to the producer to its delivery report (or its refusal, or the relay giving up "
+        "on a report). Null for a discard, for a record the producer never took (the rest of "
+        "a batch after a fatal producer error) and for records written before durations were "
+        "kept.",
+    )
+    # Read from the error text by console.selectors.outbox_event_attempts, which the
+    # instances must come from.
+    error_class = serializers.CharField(
+        read_only=True,
+        help_text="The error's class, the text before ':' on its first line (a librdkafka "
+        "error name such as MSG_SIZE_TOO_LARGE or _MSG_TIMED_OUT, or RECORD_TOO_LARGE for a "
+        "record over its topic's limit); empty for PUBLISHED and DISCARDED.",
+    )
 
     class Meta:
         model = OutboxDelivery
-        fields = ("id", "outcome", "at", "kafka_partition", "kafka_offset", "error", "relay")
+        fields = (
+            "id",
+            "outcome",
+            "at",
+            "duration_ms",
+            "kafka_partition",
+            "kafka_offset",
+            "error_class",
+            "error",
+            "relay",
+        )
         read_only_fields = fields
 
 

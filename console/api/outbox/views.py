@@ -31,10 +31,10 @@ from console.api.serializers import (
 )
 from console.models import OperatorAction
 from console.operations import outbox_event_action, outbox_key_release_action
+from console.selectors import outbox_event_attempts
 from outbox.models import OutboxEvent, OutboxEventPermission
 from outbox.selectors import (
     outbox_event_delivered,
-    outbox_event_records,
     outbox_events_with_delivery,
 )
 
@@ -131,11 +131,12 @@ class OutboxEventViewSet(viewsets.ReadOnlyModelViewSet):
     )
     def attempts(self, request: Request, pk: str | None = None) -> Response:
         """The event's delivery attempts, oldest first: each try's outcome (PUBLISHED, FAILED,
-        or DISCARDED by an operator), when, where it went and its error. Empty for an event
-        not tried yet; the tries an earlier version made before migration 0012 are not
-        listed (that migration kept their outcome and their number, not each try)."""
+        or DISCARDED by an operator), when, how long it took, where it went, and its error and
+        the error's class. Empty for an event not tried yet; the tries an earlier version made
+        before migration 0012 are not listed (that migration kept their outcome and their
+        number, not each try)."""
         event = self.get_object()
-        records = outbox_event_records(event)
+        records = outbox_event_attempts(event)
         page = self.paginate_queryset(records)
         return self.get_paginated_response(OutboxDeliverySerializer(page, many=True).data)
 
