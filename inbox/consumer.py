@@ -280,6 +280,12 @@ class InboxConsumer:
             else:
                 consumer.assign(partitions)
         self._assigned.update((p.topic, p.partition) for p in partitions)
+        # A rebalance is what an operator looks for when a group slows down or stalls.
+        logger.info(
+            "Group %s: assigned %s",
+            self.group,
+            ", ".join(f"{p.topic}[{p.partition}]" for p in partitions) or "no partition",
+        )
 
     def _stored_offsets(self, partitions: list[TopicPartition]) -> dict[PartitionKey, int]:
         """The stored offsets of an exactly-once group, waiting for the database as long as

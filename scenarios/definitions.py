@@ -47,6 +47,7 @@ from scenarios.models import ScenarioEffect
 from scenarios.runner import (
     PARTITIONS,
     SESSION_NAME_PREFIX,
+    Fault,
     Killed,
     Managed,
     Run,
@@ -334,8 +335,33 @@ def _consumer_kills(run: Run) -> None:
 # 9 ---------------------------------------------------------------------------------------
 
 
+# How long a joining consumer may take to get its first assignment; the storm waits for the
+# last joiners this long at its end.
+JOIN_SECONDS = 30.0
+
+
+def _assigned(run: Run, name: str) -> bool:
+    """Whether the consumer's log shows an assignment of the storm's group: it took part in a
+    rebalance as a member (the callback runs after the group's sync, even for no partition)."""
+    return f"Group {run.group}: assigned " in run.processes[name].log_text()
+
+
+def _a_member(run: Run, joined: list[str]) -> str | None:
+    """One of the joined consumers that became a member (the storm's leaves are rebalances
+    too), drawn at random; it waits up to JOIN_SECONDS for one. None: none became one."""
+    deadline = time.monotonic() + JOIN_SECONDS
+    while True:
+        members = [name for name in joined if _assigned(run, name)]
+        if members:
+            return members[run.random.randrange(len(members))]
+        if time.monotonic() >= deadline:
+            return None
+        run.sleep(0.5)
+
+
 def _rebalance_storm(run: Run) -> None:
     joined: list[str] = []
+    joins: dict[str, Fault] = {}
     next_index = 10
     # The group's members after each step, as its coordinator reports them (None: it could
     # not say).
@@ -343,22 +369,34 @@ def _rebalance_storm(run: Run) -> None:
     run.extra["group_members"] = members
     for _ in range(20):
         run.sleep(2)
-        if joined and (len(joined) >= 4 or run.random.random() < 0.4):
-            name = joined.pop(run.random.randrange(len(joined)))
-            left = run.fault(f"{name} leaves (SIGTERM)", run.processes[name].stop)
-            left.detail = f"pid {run.processes[name].pids[-1]}, exit code {left.result}"
+        leaving = (
+            _a_member(run, joined)
+            if joined and (len(joined) >= 4 or run.random.random() < 0.4)
+            else None
+        )
+        if leaving is not None:
+            joined.remove(leaving)
+            left = run.fault(f"{leaving} leaves (SIGTERM)", run.processes[leaving].stop)
+            left.detail = f"pid {run.processes[leaving].pids[-1]}, exit code {left.result}"
             run.verify(
                 left,
-                seen=left.result is not None and not run.processes[name].alive,
-                effect=f"{name} was running and exited",
+                seen=left.result is not None and not run.processes[leaving].alive,
+                effect=f"{leaving} was a member, and exited",
             )
         else:
             added = run.fault(
                 f"consumer-{next_index} joins",
-                partial(run.add_consumer, next_index, static=False, keep_alive=False),
+                # At INFO its log has the assignment that shows it became a member.
+                partial(
+                    run.add_consumer,
+                    next_index,
+                    static=False,
+                    keep_alive=False,
+                    env={"LOG_LEVEL": "INFO"},
+                ),
             )
             added.detail = f"pid {added.result.pids[-1]}"
-            run.verify(added, seen=added.result.alive, effect=f"{added.result.name} running")
+            joins[added.result.name] = added
             next_index += 1
             joined.append(added.result.name)
         current = run.group_members()
@@ -369,6 +407,15 @@ def _rebalance_storm(run: Run) -> None:
                 "static": len(current) - current.count("dynamic"),
                 "dynamic": current.count("dynamic"),
             }
+        )
+    deadline = time.monotonic() + JOIN_SECONDS
+    while time.monotonic() < deadline and not all(_assigned(run, name) for name in joins):
+        run.sleep(0.5)
+    for name, added in joins.items():
+        run.verify(
+            added,
+            seen=_assigned(run, name),
+            effect=f"{name} got an assignment of the group (its log)",
         )
 
 

@@ -28,7 +28,7 @@ from confluent_kafka.admin import NewTopic, OffsetSpec
 from django.conf import settings
 from django.core.management import call_command
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Count
+from django.db.models import Count, Min
 
 import outbox
 from inbox.models import InboxMessage
@@ -592,7 +592,9 @@ class Run:
             return None
         types = self.extra.setdefault("group_types", [])
         kind = description.type.name.lower()
-        if kind not in types:
+        # A group without members yet (its consumers still starting) is described as classic
+        # whatever protocol its members will use: only a group with members tells.
+        if description.members and kind not in types:
             types.append(kind)
         return sorted(member.group_instance_id or "dynamic" for member in description.members)
 
@@ -787,6 +789,30 @@ class Run:
         )
         return self.events - applied
 
+    def _in_flight_at_faults(self) -> list[int]:
+        """For each fault whose effect was seen, how many events it struck on their way:
+        written before it ended and applied after it began. Events written only after a fault
+        do not count (the writers' pacing guarantees those), so a fault between two quiet
+        moments counts 0."""
+        struck = [fault for fault in self.faults if fault.verified]
+        if not struck:
+            return []
+        created = dict(OutboxEvent.objects.filter(topic=self.topic).values_list("id", "created_at"))
+        first_applied = (
+            ScenarioEffect.objects.filter(consumer_group=self.group)
+            .values_list("event_id")
+            .annotate(first=Min("applied_at"))
+        )
+        lives = [
+            (created[uuid.UUID(event_id)], applied)
+            for event_id, applied in first_applied
+            if uuid.UUID(event_id) in created  # a poison record is no outbox event
+        ]
+        return [
+            sum(1 for written, applied in lives if written < f.ended_at and applied > f.started_at)
+            for f in struck
+        ]
+
     def _effects_by_process(self) -> dict[str, int]:
         """How many effects each process applied (the effect table records the pid)."""
         names = {pid: p.name for p in self.processes.values() for pid in p.pids}
@@ -892,6 +918,9 @@ class Run:
             writing_waited_for_faults=round(max(self.writers_waited, default=0.0), 1),
             # Events not yet applied in the group when the last fault began (None: no fault).
             in_flight_at_last_fault=in_flight,
+            # Per fault seen, the events it struck on their way (written before its end,
+            # applied after its start).
+            in_flight_at_faults=self._in_flight_at_faults(),
         )
         return ScenarioResult(
             name=scenario.name,

@@ -1,0 +1,78 @@
+"""The runner's own measures, on rows written by the test: no service but PostgreSQL."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import transaction
+
+import outbox
+from scenarios.definitions import SCENARIOS
+from scenarios.models import ScenarioEffect
+from scenarios.runner import Fault, Run
+
+pytestmark = pytest.mark.django_db
+
+
+def _fault(what: str, started_at: datetime, seconds: float, *, seen: bool | None) -> Fault:
+    return Fault(
+        what,
+        0.0,
+        seconds,
+        started_at,
+        started_at + timedelta(seconds=seconds),
+        verified=seen,
+    )
+
+
+def test_a_fault_counts_the_events_it_struck_on_their_way_and_no_others():
+    run = Run(SCENARIOS["relay-kill"], events=3, keys=3, seed=1)
+    with transaction.atomic():
+        events = [
+            outbox.publish(
+                aggregate_type="order",
+                aggregate_id=f"k{number}",
+                event_type="Placed",
+                payload={"n": number},
+                topic=run.topic,
+            )
+            for number in range(3)
+        ]
+    written = events[0].created_at
+    # The first is applied at once, the second 10 s after it was written, the third 60 s after.
+    for event, delay in zip(events, (0.5, 10, 60), strict=True):
+        ScenarioEffect.objects.create(
+            run=run.run_id,
+            consumer_group=run.group,
+            event_id=str(event.id),
+            key=event.key,
+            seq=0,
+            pid=1,
+            applied_at=written + timedelta(seconds=delay),
+        )
+    run.faults = [
+        # Before anything was written: nothing on its way.
+        _fault("before", written - timedelta(seconds=30), 1, seen=True),
+        # 5 s after the writes: the second and third were written and not yet applied.
+        _fault("in flight", written + timedelta(seconds=5), 1, seen=True),
+        # After every event was applied: an idle system.
+        _fault("after", written + timedelta(seconds=120), 1, seen=True),
+        # An entry that is no fault (a restart) is not counted at all.
+        _fault("restart", written + timedelta(seconds=5), 1, seen=None),
+    ]
+    assert run._in_flight_at_faults() == [0, 2, 0]
+
+
+def test_a_poison_record_s_effect_is_no_event_on_its_way():
+    run = Run(SCENARIOS["poison"], events=1, keys=1, seed=1)
+    now = datetime.now(UTC)
+    ScenarioEffect.objects.create(
+        run=run.run_id,
+        consumer_group=run.group,
+        event_id="5d1e2b64-0e5c-4a57-9d55-9d1c2f0a8f11",
+        key="k",
+        seq=0,
+        pid=1,
+        applied_at=now,
+    )
+    run.faults = [_fault("kill", now - timedelta(seconds=1), 1, seen=True)]
+    assert run._in_flight_at_faults() == [0]
