@@ -759,6 +759,41 @@ def test_the_long_running_relay_survives_losing_its_database_connections(kafka_t
     assert published_ids() == {str(e.id): 1 for e in events}
 
 
+class LosesItsSessionWhileSending(LogRelay):
+    """A relay whose database session ends while its batch is on its way to Kafka (what a
+    network cut or a pg_terminate_backend does); it connects again to write the batch down."""
+
+    def _send(self, events: Sequence[LogEvent]) -> SentBatch:
+        sent = super()._send(events)
+        connection.close()
+        return sent
+
+
+def test_a_relay_that_lost_its_session_records_nothing_and_another_takes_its_batch_over(
+    kafka_topic, kafka_consumer_config, log_relay, caplog
+):
+    topic = kafka_topic(partitions=3)
+    events = publish_events(topic, 20, keys=5)
+    relay = LosesItsSessionWhileSending()
+    try:
+        with caplog.at_level(logging.WARNING, logger="outbox.log_relay"):
+            result = relay.run()
+        # Its shards went with its session: it wrote down neither the deliveries nor a new
+        # cursor (another relay may own the shards and their cursor by now).
+        assert "lost its shards" in caplog.text
+        assert result.published == 0
+        assert relay.owned == ()
+        assert not OutboxDelivery.objects.exists()
+    finally:
+        relay.close()
+    successor = log_relay()
+    wait_until(lambda: successor.run().drained and len(published_ids()) == 20, timeout=60)
+    assert published_ids() == {str(e.id): 1 for e in events}
+    # The lost batch was produced once by each relay: in the log twice, recorded once.
+    messages = consume_all(kafka_consumer_config, topic, expected=40)
+    assert Counter(headers_of(m)["event_id"] for m in messages) == {str(e.id): 2 for e in events}
+
+
 class RecordsBeforeProducing(LogRelay):
     """A deliberately broken relay: writes its batch down as delivered (records and cursor)
     without producing it, as a relay that records before the delivery report and dies
