@@ -298,6 +298,9 @@ def _failure_group_members(
         )
     else:
         raise ValueError(f"no such side: {side!r}")
+    # ERROR_CLASS_SQL names its column unqualified: inside the held set's subquery (the events
+    # failure_group_rows finds by place) it reads the held row's error, the only table of that
+    # scope with the column.
     rows = rows.alias(failure_class=RawSQL(ERROR_CLASS_SQL, ()))  # noqa: S611 (a constant)
     if error_class == NO_ERROR_TEXT:
         rows = rows.filter(Q(failure_class="") | Q(failure_class__isnull=True))
@@ -312,8 +315,6 @@ def failure_group_rows(
     """The rows of one failure group, as failure_groups counts them (the same FAILED rows, the
     same reading of the error class): outbox events (by the held heads whose attempts are
     spent) or inbox messages, for a bulk action to freeze. Empty when no such group is left."""
-    # ERROR_CLASS_SQL names its column unqualified: inside the held set's subquery it reads
-    # the held row's error, the only table of that scope with the column.
     rows = _failure_group_members(
         side, error_class=error_class, topic=topic, consumer_group=consumer_group
     )

@@ -649,8 +649,11 @@ class DeliveryAdmin(ReadOnlyModelAdmin):
         self, *, error_class: str, topic: str, consumer_group: str
     ) -> dict[str, str]:
         """The list's filters that show one failure group's rows (its links)."""
-        filters = {"status__exact": self.failure_group_status, "error_class": error_class}
-        filters["topic"] = topic
+        filters = {
+            "status__exact": self.failure_group_status,
+            "error_class": error_class,
+            "topic": topic,
+        }
         if consumer_group:
             filters["consumer_group"] = consumer_group
         return filters
