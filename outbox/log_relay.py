@@ -74,6 +74,9 @@ logger = logging.getLogger(__name__)
 Outcome = OutboxDelivery.Outcome
 # Held keys whose head is retried per step.
 HELD_KEYS_PER_STEP = 100
+# A relay counts the relays running, to take or give back shards, at the start of each run()
+# and at most this often while a run lasts: the count is a query on pg_locks.
+SHARE_CHECK_SECONDS = 1.0
 # After a batch of which nothing could be sent (the cluster unreachable), the relay waits
 # this long before the same batch again, doubling up to OUTBOX["RETRY_MAX_SECONDS"].
 OUTAGE_RETRY_SECONDS = 0.5
@@ -155,11 +158,14 @@ class LogRelay:
         # The try the next _send() makes of its events: a number for all, or one by event id
         # (held events); the attribute of their send spans when tracing is on.
         self.sending_attempt: int | Mapping[uuid.UUID, int] = 1
+        # When _own_shards() last counted the relays running (time.monotonic()).
+        self.share_checked_at = -math.inf
 
     def run(self, *, max_seconds: float | None = None) -> LogRunResult:
         """Sends what the log holds for this relay's shards, for at most max_seconds."""
         deadline = time.monotonic() + (max_seconds or outbox_settings.RELAY_MAX_RUN_SECONDS)
         total = LogRunResult()
+        self.share_checked_at = -math.inf
         while True:
             try:
                 step, progressed = self._step()
@@ -183,13 +189,17 @@ class LogRelay:
 
     def _own_shards(self) -> None:
         """Owns this relay's share of the shards: all of them divided by the relays running,
-        rounded up. A relay that owns more gives the rest back between two batches (its
-        recorded cursors are where the next owner starts); one that owns less takes free ones."""
+        rounded up, counted at the start of each run and every SHARE_CHECK_SECONDS during one.
+        A relay that owns more gives the rest back between two batches (its recorded cursors
+        are where the next owner starts); one that owns less takes free ones."""
         pid = backend_pid()
         if pid != self.owner_pid:
             # A new database session: the locks of the old one went with it.
             self.owned, self.owner_pid = (), pid
             relay_join(relay_id=self.relay_id)
+        elif time.monotonic() < self.share_checked_at + SHARE_CHECK_SECONDS:
+            return
+        self.share_checked_at = time.monotonic()
         share = min(len(self.wanted), math.ceil(SHARD_COUNT / max(1, relays_running())))
         if len(self.owned) > share:
             given_back = self.owned[share:]
@@ -213,8 +223,11 @@ class LogRelay:
         if not self.owned:
             return LogRunResult(), False
         result = LogRunResult()
-        progressed = self._retry_held(result)
         held_keys = held_keys_read(shards=self.owned)
+        # With no key held, no head can be due: one query fewer for most batches.
+        progressed = bool(held_keys) and self._retry_held(result)
+        if progressed:
+            held_keys = held_keys_read(shards=self.owned)
         cursors = []
         for cursor in self.cursors:
             moved, sent_any = self._advance(cursor, held_keys, result)

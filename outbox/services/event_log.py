@@ -10,11 +10,14 @@ row or key pattern slows down. A cursor says how far each shard went, as an appe
 
 import json
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any, cast
 
+import psycopg
 from django.db import connection, transaction
+from django.db.backends.utils import CursorWrapper
 
 from outbox.models import POSITION_SEQUENCE, OutboxDelivery
 
@@ -28,6 +31,8 @@ SHARD_LOCK_CLASS = 0x6F62_7478
 # each other by these locks, to share the shards.
 RELAY_LOCK_CLASS = SHARD_LOCK_CLASS + 1
 SHARD_SQL = f"mod(hashtext({{key}}) & 2147483647, {SHARD_COUNT})"
+# Where Django's connection keeps its database connection and that one's session process id.
+BACKEND_PID_ATTRIBUTE = "outbox_backend_pid"
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,9 +154,19 @@ def shards_unlock(*, shards: Sequence[int]) -> None:
 
 
 def backend_pid() -> int:
+    """The process id of this connection's database session, asked once per connection (the
+    relay checks it before every batch). Asked of the server, not of libpq: behind a pooler
+    libpq knows the pooler's id, which pg_backend_pid() in batch_record would never match."""
+    connection.ensure_connection()
+    database_connection = connection.connection
+    known: tuple[object, int] | None = getattr(connection, BACKEND_PID_ATTRIBUTE, None)
+    if known is not None and known[0] is database_connection:
+        return known[1]
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
-        return int(cursor.fetchone()[0])
+        pid = int(cursor.fetchone()[0])
+    setattr(connection, BACKEND_PID_ATTRIBUTE, (database_connection, pid))
+    return pid
 
 
 def cursors_read(*, shards: Sequence[int]) -> list[Cursor]:
@@ -223,23 +238,36 @@ def tick_take(*, after: Tick) -> Tick | None:
     latest the relay knows); returns the new tick, or None when there is nothing new to read.
 
     The snapshot goes in as a constant: joined from the tick table instead, the planner could
-    not bound the walk of the txid index by it and read the whole event table at every tick."""
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            """
-            INSERT INTO outbox_tick (snapshot)
-            SELECT pg_current_snapshot()
-            WHERE EXISTS (
-                SELECT 1 FROM outbox_event AS event
-                WHERE event.txid >= pg_snapshot_xmin(%(after)s::pg_snapshot)
-                  AND NOT pg_visible_in_snapshot(event.txid, %(after)s::pg_snapshot)
-            )
-            RETURNING id, snapshot::text
-            """,
-            {"after": after.snapshot},
+    not bound the walk of the txid index by it and read the whole event table at every tick.
+    The walk must be the index's, in order, stopping at the first event found: with no
+    statistics yet (a new day's partition before autovacuum first analyzes it, up to a minute)
+    the planner scans the whole partition instead, at every tick (6 ms at 10,000 events in
+    bench-outbox's one-key run), or with sequential scans off, builds a bitmap of the whole
+    range of the index first.
+
+    A tick need not reach the disk before the relay reads by it, so its commit does not wait
+    for the WAL flush: the cursor that names it commits later, waiting for the flush of the WAL
+    up to there, the tick's with it; a tick lost in a crash is named by no recorded cursor.
+    In a caller's transaction (a test's) the tick's commit is the caller's, which keeps its
+    own durability."""
+    settings = {"enable_seqscan": "off", "enable_bitmapscan": "off"}
+    if not connection.in_atomic_block:
+        settings["synchronous_commit"] = "off"
+    rows = _fetch_with_settings(
+        settings,
+        """
+        INSERT INTO outbox_tick (snapshot)
+        SELECT pg_current_snapshot()
+        WHERE EXISTS (
+            SELECT 1 FROM outbox_event AS event
+            WHERE event.txid >= pg_snapshot_xmin(%(after)s::pg_snapshot)
+              AND NOT pg_visible_in_snapshot(event.txid, %(after)s::pg_snapshot)
         )
-        row = cursor.fetchone()
-    return Tick(id=row[0], snapshot=row[1]) if row else None
+        RETURNING id, snapshot::text
+        """,
+        {"after": after.snapshot},
+    )
+    return Tick(id=rows[0][0], snapshot=rows[0][1]) if rows else None
 
 
 # The events that became visible between two ticks, after the cursor, in commit order (by
@@ -264,25 +292,44 @@ LIMIT %(limit)s
 def batch_read(*, cursor: Cursor, since: Tick, until: Tick, limit: int) -> list[LogEvent]:
     shard = SHARD_SQL.format(key="event.key")
     shard_filter = "" if cursor.shards == ALL_SHARDS else f"AND {shard} = ANY(%(shards)s)"
-    with transaction.atomic(), connection.cursor() as db:
-        # The planner estimates the range of one transaction id at a row or so. With the day
-        # partitions it would then read every event of the range from each partition and sort
-        # them (a transaction of 100,000 events read whole for each batch) rather than merge
-        # the partitions' index walks, which stop at the batch size.
-        db.execute("SELECT set_config('enable_sort', 'off', true)")
-        db.execute(
-            _BATCH_SQL.format(shard=shard, shard_filter=shard_filter),
-            {
-                "since": since.snapshot,
-                "until": until.snapshot,
-                "txid": str(cursor.txid),
-                "position": cursor.position,
-                "shards": list(cursor.shards),
-                "limit": limit,
-            },
-        )
-        rows = db.fetchall()
+    # The planner estimates the range of one transaction id at a row or so. With the day
+    # partitions it would then read every event of the range from each partition and sort
+    # them (a transaction of 100,000 events read whole for each batch) rather than merge the
+    # partitions' index walks, which stop at the batch size.
+    rows = _fetch_with_settings(
+        {"enable_sort": "off"},
+        _BATCH_SQL.format(shard=shard, shard_filter=shard_filter),
+        {
+            "since": since.snapshot,
+            "until": until.snapshot,
+            "txid": str(cursor.txid),
+            "position": cursor.position,
+            "shards": list(cursor.shards),
+            "limit": limit,
+        },
+    )
     return [_log_event(row) for row in rows]
+
+
+def _fetch_with_settings(
+    settings: Mapping[str, str], sql: str, params: Mapping[str, Any]
+) -> list[tuple]:
+    """The rows of `sql`, run with `settings` (name: value) for it alone. The settings and the
+    statement go in one query string, one round trip: in autocommit they run as one
+    transaction, which transaction-local settings last for (in a caller's transaction, until
+    that ends). The cursor binds values on the client whatever the project's settings
+    (server_side_binding): only then may one execute() carry two statements."""
+    connection.ensure_connection()
+    settings_sql = ", ".join(
+        f"set_config('{name}', '{value}', true)" for name, value in settings.items()
+    )
+    # django-stubs type this as taking a CursorWrapper; it takes a DB-API cursor.
+    with connection.make_cursor(
+        cast(CursorWrapper, psycopg.ClientCursor(connection.connection))
+    ) as db:
+        db.execute(f"SELECT {settings_sql};{sql}", params)
+        db.nextset()
+        return db.fetchall()
 
 
 def _log_event(row: Sequence) -> LogEvent:

@@ -8,7 +8,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
-from datetime import UTC, timedelta
+from datetime import UTC, date, timedelta
 from typing import TypeVar
 
 import pytest
@@ -27,9 +27,12 @@ from outbox.services.event_log import (
     SHARD_COUNT,
     DeliveryRecord,
     LogEvent,
+    Tick,
     shard_of,
     shards_lock,
+    tick_take,
 )
+from outbox.services.partitions import partition_create
 from outbox.services.repairs import outbox_events_discard
 from outbox.services.retention import outbox_event_log_purge
 from outbox.tasks import relay as relay_task
@@ -833,3 +836,58 @@ def test_the_loss_check_catches_a_relay_that_records_before_the_delivery_report(
     messages = consume_all(kafka_consumer_config, topic, expected=20, timeout=10)
     lost = {str(e.id) for e in events} - {headers_of(m)["event_id"] for m in messages}
     assert len(lost) == 5
+
+
+def test_a_tick_walks_the_index_of_a_day_partition_not_yet_analyzed():
+    # A day far ahead: its partition is new, and no ANALYZE has told the planner its size, as
+    # with each new day's partition until autovacuum first gets to it.
+    day_partition = partition_create(table="outbox_event", day=date(2099, 1, 1))
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO outbox_tick (snapshot) SELECT pg_current_snapshot() "
+                "RETURNING id, snapshot::text"
+            )
+            after = Tick(*cursor.fetchone())
+            cursor.execute(
+                """
+                INSERT INTO outbox_event (id, aggregatetype, aggregateid, type, payload,
+                                          headers, topic, key, created_at)
+                SELECT gen_random_uuid(), 'order', 'order-' || n, 'OrderPlaced',
+                       jsonb_build_object('seq', n, 'note', repeat('x', 1000)), '{}',
+                       'orders', 'order-' || n,
+                       '2099-01-01T00:00Z'::timestamptz + n * interval '1 ms'
+                FROM generate_series(1, 5000) AS n
+                """
+            )
+            cursor.execute("SELECT reltuples FROM pg_class WHERE relname = %s", [day_partition])
+            assert cursor.fetchone()[0] < 0  # never analyzed
+            with transaction.atomic():
+                # PostgreSQL's counts of the scans of the partition and of the entries read
+                # from its index of commit order, by this session, not yet flushed: read
+                # before and after the tick in one transaction, which flushes none.
+                scans_before = _scans_of(cursor, day_partition)
+                tick = tick_take(after=after)
+                scans_after = _scans_of(cursor, day_partition)
+        assert tick is not None
+        sequential, index_entries = (
+            after - before for after, before in zip(scans_after, scans_before, strict=True)
+        )
+        # One entry: the first event above the earlier tick's oldest transaction is new.
+        assert (sequential, index_entries) == (0, 1)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TABLE {day_partition}")
+
+
+def _scans_of(cursor, partition: str) -> tuple[int, int]:
+    """(sequential scans of `partition`, entries read from its index on (txid, position)) in
+    this session's counts not yet flushed."""
+    cursor.execute(
+        """
+        SELECT pg_stat_get_xact_numscans(%s::regclass),
+               pg_stat_get_xact_tuples_returned(%s::regclass)
+        """,
+        [partition, f"{partition}_txid_position_idx"],
+    )
+    return cursor.fetchone()
