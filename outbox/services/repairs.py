@@ -52,9 +52,12 @@ def outbox_event_discard(*, event: OutboxEvent) -> OutboxEvent:
     """Gives up on a FAILED event: it gets a DISCARDED delivery record, the row stays for
     audit, and its key's later events flow on."""
     if not event_log.held_events_discard(event_ids=[event.id]):
+        current = outbox_event_delivered(event_id=event.id)
+        if current.delivery_discarded_at is not None:
+            # Still FAILED by its last try: "only FAILED events" would not say why.
+            raise IllegalTransition(f"Event {event.id} is already discarded.")
         raise IllegalTransition(
-            f"Only FAILED events can be discarded; event {event.id} is "
-            f"{outbox_event_delivered(event_id=event.id).delivery_status}."
+            f"Only FAILED events can be discarded; event {event.id} is {current.delivery_status}."
         )
     return outbox_event_delivered(event_id=event.id)
 

@@ -231,6 +231,7 @@ def test_the_redis_checks_reuse_one_client_that_outlives_a_redis_restart(
 
     from console.beat import redis_client
     from console.health import CeleryBeat, Redis
+    from console.selectors import RED, _redis_health
 
     used = []
     send = redis.Redis.execute_command
@@ -243,14 +244,22 @@ def test_the_redis_checks_reuse_one_client_that_outlives_a_redis_restart(
 
     def errors() -> list[str]:
         results = [asyncio.run(check().get_result()) for check in (Redis, CeleryBeat)]
-        return [str(result.error or "") for result in results]
+        # The dashboard's Redis tile too.
+        tile = _redis_health()
+        return [str(result.error or "") for result in results] + [
+            tile.detail if tile.colour != RED else "red"
+        ]
 
     # Redis answers; beat, which no test runs, has no heartbeat there.
-    up = ["", "Unavailable: Celery beat has no heartbeat: not running"]
+    up = ["", "Unavailable: Celery beat has no heartbeat: not running", "answers PING"]
     assert errors() == up
     assert errors() == up
     restartable_redis.stop()
-    down = ["Unavailable: Redis unreachable", "Unavailable: Celery beat's heartbeat cannot be read"]
+    down = [
+        "Unavailable: Redis unreachable",
+        "Unavailable: Celery beat's heartbeat cannot be read",
+        "red",
+    ]
     assert errors() == down
     restartable_redis.start()
     assert errors() == up
