@@ -871,7 +871,7 @@ def test_a_tick_walks_the_index_of_a_day_partition_not_yet_analyzed():
                 scans_after = _scans_of(cursor, day_partition)
         assert tick is not None
         sequential, index_entries = (
-            after - before for after, before in zip(scans_after, scans_before, strict=True)
+            later - earlier for later, earlier in zip(scans_after, scans_before, strict=True)
         )
         # One entry: the first event above the earlier tick's oldest transaction is new.
         assert (sequential, index_entries) == (0, 1)
