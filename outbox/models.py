@@ -26,6 +26,10 @@ class TransactionIdField(models.BigIntegerField):
     def get_prep_value(self, value: Any) -> Any:
         return None if value is None else str(int(value))
 
+    def get_db_prep_value(self, value: Any, connection: Any, prepared: bool = False) -> Any:
+        # As the text get_prep_value makes: IntegerField's would send it as an int8 again.
+        return value if prepared else self.get_prep_value(value)
+
 
 class OutboxEventPermission(models.TextChoices):
     """Every permission on outbox events, declared once; code names them by member

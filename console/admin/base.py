@@ -4,7 +4,9 @@ the confirmation of a detail-page action, the "retry everything matching the fil
 confirmation view, and DeliveryAdmin, the base of the outbox events' and inbox messages'
 admins."""
 
+import functools
 import json
+import operator
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -16,7 +18,7 @@ from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import flatten_fieldsets
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, Paginator
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.db.models.sql.where import WhereNode
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 from django.template.response import TemplateResponse
@@ -71,15 +73,20 @@ class EstimatedCountPaginator(Paginator):
     millions of rows, ever.
 
     Lists of rows with computed columns (an outbox event's delivery, read from its records)
-    are counted and paged by primary key first: PostgreSQL computes a row's columns before
-    OFFSET skips it, so page 200 would compute them for 5,000 rows to show 25.
+    are counted and paged by key first (the id, and the row_place): PostgreSQL computes a
+    row's columns before OFFSET skips it, so page 200 would compute them for 5,000 rows to
+    show 25.
 
-    A filtered list reads its first page's ids before counting: a filter that matches no more
+    A filtered list reads its first page's keys before counting: a filter that matches no more
     than a page (a rare value no index serves, whose every read walks the table) is counted
     by that read alone."""
 
     # Unfold's pagination with the count worded by count_text.
     template_name = "admin/console/pagination.html"
+    # Fields that find a row by a B-tree index when its id has none (an outbox event's day
+    # partition and commit order: its id has a BRIN index only, which reads thousands of rows
+    # of each partition to find 25): a page's rows are read by these with their ids.
+    row_place: tuple[str, ...] = ()
 
     @cached_property
     def count(self) -> int:
@@ -101,34 +108,44 @@ class EstimatedCountPaginator(Paginator):
                 estimate = table_row_estimate(queryset.model._meta.db_table)
                 if estimate > limit:
                     return estimate, f"about {estimate}"
-            elif len(self._first_ids) <= self.per_page:
-                return len(self._first_ids), ""
+            elif len(self._first_keys) <= self.per_page:
+                return len(self._first_keys), ""
             counted = rows_counted_up_to(queryset, limit=limit)
             return counted, f"more than {limit}" if counted > limit else ""
         return len(queryset), ""
 
     @cached_property
-    def _first_ids(self) -> list[Any]:
-        """The ids of the first page's rows, and of the one after them if there is one."""
-        queryset: QuerySet = self.object_list  # type: ignore[assignment]
-        return list(queryset.values_list("pk", flat=True)[: self.per_page + 1])
+    def _first_keys(self) -> list[tuple[Any, ...]]:
+        """The keys of the first page's rows, and of the one after them if there is one."""
+        return list(self._row_keys(self.object_list)[: self.per_page + 1])  # type: ignore[arg-type]
+
+    def _row_keys(self, queryset: QuerySet) -> QuerySet:
+        return queryset.values_list("pk", *self.row_place)
 
     @property
     def pages_by_id(self) -> bool:
-        """Whether the rows have computed columns, and a page is read by id (see above)."""
+        """Whether the rows have computed columns, and a page is read by key (see above)."""
         return isinstance(self.object_list, QuerySet) and bool(self.object_list.query.annotations)
 
-    def rows_by_id(self, ids: list[Any]) -> QuerySet:
-        """The rows of `ids` in the list's order, read lazily. The filters chose the ids; the
-        rows are read by id alone: with the filters, PostgreSQL would apply them again (a
-        status filter's hashed subquery of every held event, say) to compute 25 rows."""
+    def rows_by_key(self, keys: list[tuple[Any, ...]]) -> QuerySet:
+        """The rows of `keys` (each an id, then its row_place) in the list's order, read
+        lazily. The filters chose the rows; they are read by their keys alone: with the
+        filters, PostgreSQL would apply them again (a status filter's hashed subquery of every
+        held event, say) to compute 25 rows."""
         queryset: QuerySet = self.object_list.all()  # type: ignore[attr-defined]
         queryset.query.where = WhereNode()
-        return queryset.filter(pk__in=ids)
+        fields = ("pk", *self.row_place)
+        return queryset.filter(
+            functools.reduce(
+                operator.or_, (Q(**dict(zip(fields, key, strict=True))) for key in keys), Q()
+            )
+            if keys
+            else Q(pk__in=())
+        )
 
     def first_page_rows(self) -> QuerySet:
-        """The rows of a list that fits on one page, by the ids the count read."""
-        return self.rows_by_id(self._first_ids[: self.per_page])
+        """The rows of a list that fits on one page, by the keys the count read."""
+        return self.rows_by_key(self._first_keys[: self.per_page])
 
     def page(self, number: Any) -> Page:
         if not self.pages_by_id:
@@ -139,12 +156,12 @@ class EstimatedCountPaginator(Paginator):
         top = bottom + self.per_page
         if top + self.orphans >= self.count:
             top = self.count
-        if bottom == 0 and "_first_ids" in self.__dict__:
-            ids = self._first_ids[:top]
+        if bottom == 0 and "_first_keys" in self.__dict__:
+            keys = self._first_keys[:top]
         else:
-            ids = list(queryset.values_list("pk", flat=True)[bottom:top])
-        rows = {row.pk: row for row in self.rows_by_id(ids)}
-        return Page([rows[pk] for pk in ids if pk in rows], number, self)
+            keys = list(self._row_keys(queryset)[bottom:top])
+        rows = {row.pk: row for row in self.rows_by_key(keys)}
+        return Page([rows[key[0]] for key in keys if key[0] in rows], number, self)
 
 
 class ExactTextFilter(FieldTextFilter):
@@ -185,6 +202,21 @@ class ErrorClassFilter(TextFilter):
 def error_class_filter(field: str) -> type[ErrorClassFilter]:
     """The filter on the error text in `field` (a column, or an annotation of the list)."""
     return type("ErrorClassFilter", (ErrorClassFilter,), {"error_field": field})
+
+
+def once_per_row(method: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """A detail page's computed field, computed once per row: Unfold's read-only field asks
+    for a field's contents up to five times a render (in its constructor and its template), and
+    fields such as an attempt history or a timeline run queries each time."""
+    attribute = f"_once_{method.__name__}"
+
+    @functools.wraps(method)
+    def computed_once(model_admin: Any, row: Any) -> Any:
+        if attribute not in row.__dict__:
+            row.__dict__[attribute] = method(model_admin, row)
+        return row.__dict__[attribute]
+
+    return computed_once
 
 
 def pretty_json(value: Any) -> str:
@@ -444,7 +476,7 @@ PAYLOAD_FIELDS = frozenset({"payload_json", "headers_json", "raw_value", "raw_va
 
 
 class PagedChangeList(ChangeList):
-    """A list of rows with computed columns that fits on one page is read by the ids its
+    """A list of rows with computed columns that fits on one page is read by the keys its
     count read (EstimatedCountPaginator): Django would read it through the whole filtered
     queryset again, which for the outbox walks the table once more for a rare value."""
 
@@ -490,6 +522,17 @@ class DeliveryAdmin(ReadOnlyModelAdmin):
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return PagedChangeList
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        """The row, read once per page: the detail page asks for it again to offer the actions
+        its state allows (get_actions_detail). A request that changes rows reads it afresh."""
+        if request.method not in ("GET", "HEAD"):
+            return super().get_object(request, object_id, from_field)
+        read: dict[tuple[Any, ...], Any] = request.__dict__.setdefault("_console_rows", {})
+        key = (self.model, object_id, from_field)
+        if key not in read:
+            read[key] = super().get_object(request, object_id, from_field)
+        return read[key]
 
     def has_retry_permission(self, request: HttpRequest, object_id: Any = None) -> bool:
         return bool(request.user.has_perm(self.permissions.RETRY))

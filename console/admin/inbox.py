@@ -23,6 +23,7 @@ from console.admin.base import (
     error_class_filter,
     lag_text,
     log_position_text,
+    once_per_row,
     preformatted,
     run_selected_action,
 )
@@ -148,6 +149,7 @@ class InboxMessageAdmin(DeliveryAdmin):
         return log_position_text(message.partition, message.offset)
 
     @display(description="Outbox event")
+    @once_per_row
     def outbox_event(self, message: InboxMessage) -> str:
         event_id = _as_uuid(message.event_id)
         # exists(), not first(): first() orders by the events' commit order, and PostgreSQL
@@ -159,6 +161,7 @@ class InboxMessageAdmin(DeliveryAdmin):
         return format_html('<a href="{}">{} (timeline)</a>', url, event_id)
 
     @display(description="Handler attempts, oldest first")
+    @once_per_row
     def attempt_history(self, message: InboxMessage) -> str:
         attempts = list(
             InboxAttempt.objects.filter(message_id=message.pk).order_by("id")[: ATTEMPTS_SHOWN + 1]

@@ -30,10 +30,12 @@ from unfold.utils import parse_datetime_str
 from console.admin.attempts import ATTEMPTS_SHOWN, attempts_table, millis
 from console.admin.base import (
     DeliveryAdmin,
+    EstimatedCountPaginator,
     ExactTextFilter,
     error_class_filter,
     lag_text,
     log_position_text,
+    once_per_row,
     preformatted,
     run_selected_action,
     status_badge,
@@ -138,6 +140,11 @@ class DeliveredAtRangeFilter(admin.ListFilter):
             return None
 
 
+class OutboxEventPaginator(EstimatedCountPaginator):
+    # An event's day partition and its place in commit order: the relay's B-tree index.
+    row_place = ("created_at", "transaction_id", "position")
+
+
 @admin.register(OutboxEvent)
 class OutboxEventAdmin(DeliveryAdmin):
     permissions = OutboxEventPermission
@@ -148,6 +155,7 @@ class OutboxEventAdmin(DeliveryAdmin):
     # the retry and discard their links lead to.
     failure_group_status = WAITING_FOR_OPERATOR
     row_noun = "event"
+    paginator = OutboxEventPaginator
 
     list_display = (
         "event_id",
@@ -328,15 +336,20 @@ class OutboxEventAdmin(DeliveryAdmin):
     def discarded(self, event: Any) -> datetime | None:
         return event.delivery_discarded_at
 
+    @once_per_row
+    def held_row(self, event: Any) -> OutboxHeldEvent | None:
+        return OutboxHeldEvent.objects.filter(event_id=event.pk).first()
+
     @display(description="Next attempt")
     def next_attempt(self, event: Any) -> Any:
         # The relay never updates the row: its retries are planned in the held set.
-        held = OutboxHeldEvent.objects.filter(event_id=event.pk).first()
+        held = self.held_row(event)
         return _next_attempt_text(held) if held is not None else "-"
 
     @display(description="Held back")
+    @once_per_row
     def held(self, event: Any) -> str:
-        held = OutboxHeldEvent.objects.filter(event_id=event.pk).first()
+        held = self.held_row(event)
         if held is None:
             return "-"
         rows: list[tuple[str, Any]] = [
@@ -344,7 +357,8 @@ class OutboxEventAdmin(DeliveryAdmin):
             ("Next attempt", _next_attempt_text(held)),
         ]
         head = (
-            OutboxHeldEvent.objects.filter(topic=held.topic, key=held.key)
+            # The shard too: the held set's index of a key's order begins with it.
+            OutboxHeldEvent.objects.filter(shard=held.shard, topic=held.topic, key=held.key)
             .order_by("transaction_id", "position")
             .only("event_id")
             .first()
@@ -371,6 +385,7 @@ class OutboxEventAdmin(DeliveryAdmin):
         )
 
     @display(description="Delivery attempts, oldest first")
+    @once_per_row
     def attempt_history(self, event: Any) -> str:
         # Annotated with error_class by the selector.
         records: list[Any] = list(outbox_event_attempts(event)[: ATTEMPTS_SHOWN + 1])
@@ -397,6 +412,7 @@ class OutboxEventAdmin(DeliveryAdmin):
         )
 
     @display(description="Inbox rows with this event id, in every consumer group")
+    @once_per_row
     def timeline(self, event: Any) -> str:
         rows = event_consumers(event_id=event.id)
         steps = [

@@ -111,7 +111,9 @@ class ConsumerLagSerializer(serializers.Serializer):
 
 class StatsSummaryView(APIView):
     """Counts by status, the oldest pending event's age, publish and consume rates over the
-    last hour, failures by error class, and the latest analytics results when present."""
+    last hour, failures by error class, and the latest analytics results when present. The
+    outbox's counts and the failures by error class are read at most once every
+    CONSOLE_DASHBOARD_CACHE_SECONDS (10 s by default), as the dashboard shows them."""
 
     required_permissions = {"*": VIEW_BOTH}
 

@@ -121,6 +121,12 @@ def test_a_deep_list_page_shows_its_rows_in_order_and_reads_the_delivery_of_thos
     skipping = [query["sql"] for query in captured if "OFFSET" in query["sql"]]
     assert skipping
     assert all("outbox_delivery" not in sql for sql in skipping)
+    # The page's rows are read by their day and place in commit order (the relay's B-tree
+    # index), not by id alone: the id's BRIN index reads thousands of rows of each partition.
+    reading = [sql for sql in (query["sql"] for query in captured) if "delivery_status" in sql]
+    assert len(reading) == 1
+    assert reading[0].count('"outbox_event"."txid" = ') == 3
+    assert reading[0].count('"outbox_event"."created_at" = ') == 3
 
 
 def test_a_filter_that_fits_on_one_page_reads_the_event_table_once(viewer, make_event):
@@ -215,6 +221,29 @@ def test_outbox_detail_shows_json_kafka_position_and_timeline(
     assert "partition 0, offset 41" in html
     assert "billing" in html
     assert "shipping" in html
+
+
+def test_a_detail_page_reads_the_event_and_computes_each_field_once(
+    viewer, make_event, make_message
+):
+    event = make_event(OutboxEvent.Status.FAILED, key="order-once")
+    hold(make_event(OutboxEvent.Status.PENDING, key="order-once"))
+    make_message(event_id=str(event.pk), group="billing")
+    with CaptureQueriesContext(connection) as captured:
+        response = logged_in(viewer).get(f"{EVENTS}{event.pk}/change/")
+    assert response.status_code == 200
+    statements = [query["sql"] for query in captured]
+    # The event with its delivery, once: the detail actions offered ask for it again.
+    assert sum("delivery_status" in sql for sql in statements) == 1
+    # Unfold's read-only field asks for its contents several times a render: the held row,
+    # the attempts and the timeline are each read once.
+    held_row = (
+        'SELECT "outbox_held_event"."id", "outbox_held_event"."event_id", '
+        '"outbox_held_event"."shard"'
+    )
+    assert sum(sql.startswith(held_row) for sql in statements) == 1
+    assert sum(sql.startswith('SELECT "outbox_delivery"."id"') for sql in statements) == 1
+    assert sum('FROM "inbox_message"' in sql for sql in statements) == 1
 
 
 def test_inbox_list_and_detail(viewer, make_message):

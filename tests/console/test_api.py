@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.cache import cache
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
@@ -551,6 +552,19 @@ def test_stats_summary(viewer, make_event, make_message):
     assert ("outbox", "MSG_SIZE_TOO_LARGE") in classes
     assert ("inbox", "demo.errors.DemoFailure") in classes
     assert sum(body["rates_last_hour"]["published"]) == 1
+
+
+def test_the_outbox_counts_of_the_summary_are_read_at_most_once_a_cache_period(
+    viewer, make_event, settings
+):
+    settings.CONSOLE_DASHBOARD_CACHE_SECONDS = 10
+    client = client_for(viewer)
+    make_event(OutboxEvent.Status.FAILED, key="cached-1")
+    assert client.get("/api/stats/summary/").json()["outbox"]["counts"]["FAILED"] == 1
+    make_event(OutboxEvent.Status.FAILED, key="cached-2")
+    assert client.get("/api/stats/summary/").json()["outbox"]["counts"]["FAILED"] == 1
+    cache.clear()  # the period is over
+    assert client.get("/api/stats/summary/").json()["outbox"]["counts"]["FAILED"] == 2
 
 
 def test_consumer_lag_reports_an_unreachable_kafka_as_a_state(viewer, settings):
