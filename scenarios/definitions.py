@@ -689,6 +689,10 @@ def _hot_key_relay_kills(run: Run) -> None:
         run.kill(f"SIGKILL relay ({number + 1})", relay)
 
 
+# How long a kill of relay-takeover waits for a cursor written by a relay that is running.
+OWNER_WAIT_SECONDS = 10.0
+
+
 def _shard_owner(run: Run) -> Managed | None:
     """The relay process that wrote the latest cursor: the owner of the shards (a relay id
     is host:pid:suffix)."""
@@ -704,12 +708,22 @@ def _shard_owner(run: Run) -> Managed | None:
     return None
 
 
+def _shard_owner_waited(run: Run) -> Managed | None:
+    """The shards' owner, waited for up to OWNER_WAIT_SECONDS: early in the run and right
+    after a takeover, the latest cursor is still one a relay no longer running wrote (an
+    earlier run's, or the killed relay's before its restart), until the owner's next batch."""
+    deadline = time.monotonic() + OWNER_WAIT_SECONDS
+    while (owner := _shard_owner(run)) is None and time.monotonic() < deadline:
+        run.sleep(0.2)
+    return owner
+
+
 def _relay_takeovers(run: Run) -> None:
     owners: list[str | None] = []
     run.extra["shard_owners_killed"] = owners
     for number in range(8):
         run.sleep(run.random.uniform(3, 5))
-        owner = _shard_owner(run)
+        owner = _shard_owner_waited(run)
         owners.append(owner.name if owner else None)
         if owner is None:
             missed = run.fault(f"no shard owner found ({number + 1})")
@@ -1319,6 +1333,7 @@ def _check_refusal(run: Run) -> None:
 # 16: database sessions terminated ---------------------------------------------------------
 
 SESSION_KILLS = 15
+SESSION_WAIT_SECONDS = 10.0
 
 
 def _terminate_relay_and_consumer_sessions() -> list[str]:
@@ -1341,11 +1356,30 @@ def _terminate_relay_and_consumer_sessions() -> list[str]:
         return sorted(name for (name,) in cursor.fetchall())
 
 
+def _relay_and_consumer_sessions() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT count(*) FROM pg_stat_activity
+            WHERE datname = current_database()
+              AND (application_name LIKE %s OR application_name LIKE %s)
+            """,
+            [f"{SESSION_NAME_PREFIX}relay-%", f"{SESSION_NAME_PREFIX}consumer-%"],
+        )
+        return int(cursor.fetchone()[0])
+
+
 def _session_kills(run: Run) -> None:
     rounds: list[list[str]] = []
     run.extra["sessions_terminated"] = rounds
     for number in range(SESSION_KILLS):
         run.sleep(3)
+        # A relay or consumer connects a moment after it starts (at the beginning of the run,
+        # or restarted after a session it lost): a session is waited for, up to
+        # SESSION_WAIT_SECONDS, so that each round strikes one.
+        deadline = time.monotonic() + SESSION_WAIT_SECONDS
+        while not _relay_and_consumer_sessions() and time.monotonic() < deadline:
+            run.sleep(0.2)
         killed = run.fault(
             f"terminate the relay's and consumers' database sessions ({number + 1})",
             _terminate_relay_and_consumer_sessions,
