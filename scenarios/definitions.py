@@ -1336,22 +1336,28 @@ SESSION_KILLS = 15
 SESSION_WAIT_SECONDS = 10.0
 
 
+# The database sessions of the relays and the consumers: by the application_name the runner
+# gives each process it starts.
+_RELAY_AND_CONSUMER_SESSIONS_SQL = """
+SELECT pid, application_name FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid()
+  AND (application_name LIKE %s OR application_name LIKE %s)
+"""
+_RELAY_AND_CONSUMER_NAMES = [f"{SESSION_NAME_PREFIX}relay-%", f"{SESSION_NAME_PREFIX}consumer-%"]
+
+
 def _terminate_relay_and_consumer_sessions() -> list[str]:
-    """pg_terminate_backend of every database session of the relays and the consumers (their
-    application_name, set by the runner); returns the names of the sessions it ended."""
+    """pg_terminate_backend of every database session of the relays and the consumers;
+    returns the names of the sessions it ended."""
     with connection.cursor() as cursor:
         # The sessions are chosen first (MATERIALIZED): in one WHERE, PostgreSQL may call
         # pg_terminate_backend before it tests the name, on sessions that are not theirs.
         cursor.execute(
-            """
-            WITH chosen AS MATERIALIZED (
-                SELECT pid, application_name FROM pg_stat_activity
-                WHERE datname = current_database() AND pid <> pg_backend_pid()
-                  AND (application_name LIKE %s OR application_name LIKE %s)
-            )
+            f"""
+            WITH chosen AS MATERIALIZED ({_RELAY_AND_CONSUMER_SESSIONS_SQL})
             SELECT application_name FROM chosen WHERE pg_terminate_backend(pid)
-            """,
-            [f"{SESSION_NAME_PREFIX}relay-%", f"{SESSION_NAME_PREFIX}consumer-%"],
+            """,  # noqa: S608 (a constant)
+            _RELAY_AND_CONSUMER_NAMES,
         )
         return sorted(name for (name,) in cursor.fetchall())
 
@@ -1359,12 +1365,8 @@ def _terminate_relay_and_consumer_sessions() -> list[str]:
 def _relay_and_consumer_sessions() -> int:
     with connection.cursor() as cursor:
         cursor.execute(
-            """
-            SELECT count(*) FROM pg_stat_activity
-            WHERE datname = current_database()
-              AND (application_name LIKE %s OR application_name LIKE %s)
-            """,
-            [f"{SESSION_NAME_PREFIX}relay-%", f"{SESSION_NAME_PREFIX}consumer-%"],
+            f"SELECT count(*) FROM ({_RELAY_AND_CONSUMER_SESSIONS_SQL}) AS sessions",  # noqa: S608
+            _RELAY_AND_CONSUMER_NAMES,
         )
         return int(cursor.fetchone()[0])
 
