@@ -134,13 +134,13 @@ class EstimatedCountPaginator(Paginator):
         held event, say) to compute 25 rows."""
         queryset: QuerySet = self.object_list.all()  # type: ignore[attr-defined]
         queryset.query.where = WhereNode()
+        if not keys:
+            return queryset.none()
         fields = ("pk", *self.row_place)
         return queryset.filter(
             functools.reduce(
-                operator.or_, (Q(**dict(zip(fields, key, strict=True))) for key in keys), Q()
+                operator.or_, (Q(**dict(zip(fields, key, strict=True))) for key in keys)
             )
-            if keys
-            else Q(pk__in=())
         )
 
     def first_page_rows(self) -> QuerySet:
