@@ -84,11 +84,31 @@ def _healthy(run: Run) -> None:
 # 2 ---------------------------------------------------------------------------------------
 
 
+# How long a fault aimed at the writers' next commit (Run.after_next_commit) waits for it
+# before it strikes anyway.
+COMMIT_WAIT_SECONDS = 10.0
+JUST_COMMITTED = "a transaction just committed"
+
+
+def _kill_after_next_commit(run: Run, what: str, process: Managed) -> None:
+    """A SIGKILL right after a writer's next commit, so that it strikes events on their way;
+    the fault is seen by the SIGKILL alone (with no commit in COMMIT_WAIT_SECONDS it strikes
+    anyway, and its log line says so)."""
+    run.kill(
+        what,
+        process,
+        when=run.after_next_commit(),
+        moment=JUST_COMMITTED,
+        when_timeout=COMMIT_WAIT_SECONDS,
+        aim_seen=False,
+    )
+
+
 def _relay_kills(run: Run) -> None:
     relay = run.processes["relay-1"]
     for number in range(20):
         run.sleep(run.random.uniform(2, 5))
-        run.kill(f"SIGKILL relay ({number + 1})", relay)
+        _kill_after_next_commit(run, f"SIGKILL relay ({number + 1})", relay)
 
 
 # 3 ---------------------------------------------------------------------------------------
@@ -329,7 +349,7 @@ def _consumer_kills(run: Run) -> None:
     for number in range(15):
         run.sleep(3)
         victim = run.processes[run.random.choice(names)]
-        run.kill(f"SIGKILL {victim.name} ({number + 1})", victim)
+        _kill_after_next_commit(run, f"SIGKILL {victim.name} ({number + 1})", victim)
 
 
 # 9 ---------------------------------------------------------------------------------------
@@ -374,10 +394,13 @@ def _rebalance_storm(run: Run) -> None:
             if joined and (len(joined) >= 4 or run.random.random() < 0.4)
             else None
         )
+        # Each join or leave right after a writer's commit: it meets events on their way.
+        committed = run.wait_for_moment(run.after_next_commit(), COMMIT_WAIT_SECONDS)
+        moment = f", {JUST_COMMITTED}: {'yes' if committed else 'no'}"
         if leaving is not None:
             joined.remove(leaving)
             left = run.fault(f"{leaving} leaves (SIGTERM)", run.processes[leaving].stop)
-            left.detail = f"pid {run.processes[leaving].pids[-1]}, exit code {left.result}"
+            left.detail = f"pid {run.processes[leaving].pids[-1]}, exit code {left.result}{moment}"
             run.verify(
                 left,
                 seen=left.result is not None and not run.processes[leaving].alive,
@@ -395,7 +418,7 @@ def _rebalance_storm(run: Run) -> None:
                     env={"LOG_LEVEL": "INFO"},
                 ),
             )
-            added.detail = f"pid {added.result.pids[-1]}"
+            added.detail = f"pid {added.result.pids[-1]}{moment}"
             joins[added.result.name] = added
             next_index += 1
             joined.append(added.result.name)

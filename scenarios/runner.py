@@ -112,6 +112,17 @@ def spared(pids: list[int]) -> list[int]:
     return missed
 
 
+def _wait_for_moment(
+    moment: Callable[[], bool], timeout: float, *, give_up: Callable[[], bool] = lambda: False
+) -> bool:
+    """Waits (at most `timeout`, or until `give_up()`) for `moment()` to be true, asking every
+    10 ms; whether it came. The caller acts right after: the gap is one call."""
+    deadline = _now() + timeout
+    while not (came := moment()) and _now() < deadline and not give_up():
+        time.sleep(0.01)
+    return came
+
+
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError):  # nothing left in the group
         os.killpg(pgid, signal.SIGKILL)
@@ -224,11 +235,9 @@ class Managed:
             group = process_group(process.pid)
             aimed = None
             if when is not None:
-                deadline = _now() + when_timeout
-                aimed = when()
-                while not aimed and _now() < deadline and process.poll() is None:
-                    time.sleep(0.01)
-                    aimed = when()
+                aimed = _wait_for_moment(
+                    when, when_timeout, give_up=lambda: process.poll() is not None
+                )
             self.kills += 1
             signalled_at = datetime.now(UTC)
             _kill_group(process.pid)
@@ -401,6 +410,13 @@ class Run:
         self._schedule = threading.Condition()
         # How long each writer waited for the fault schedule in all.
         self.writers_waited: list[float] = []
+        # Transactions the writers committed, and how many writers cannot commit before the
+        # next fault (done, or waiting for the end of the schedule): what `after_next_commit`
+        # watches. It announces the next fault: the writers may then write the step that
+        # follows it (`_may_write`), so that the fault strikes amid their writing.
+        self._commits = 0
+        self._writers_finished = 0
+        self._faults_announced = 0
         self.production_error: BaseException | None = None
         self._stop_supervisor = threading.Event()
         self._lock = threading.Lock()
@@ -558,11 +574,14 @@ class Run:
         *,
         when: Callable[[], bool] | None = None,
         moment: str = "",
+        when_timeout: float = 30.0,
+        aim_seen: bool = True,
     ) -> Fault:
         """SIGKILLs a managed process as a fault, seen when the process was running and the
         signal ended it; with `when` (Managed.kill), also only if `moment` had come, as
-        `when()` said right before the signal."""
-        killed = self.fault(what, partial(process.kill, when=when))
+        `when()` said right before the signal, unless `aim_seen` is false (the log still says
+        whether it came)."""
+        killed = self.fault(what, partial(process.kill, when=when, when_timeout=when_timeout))
         result: Killed | None = killed.result
         if result is not None:
             killed.detail = f"pid {result.pid}"
@@ -574,7 +593,7 @@ class Run:
         if when is not None:
             aimed = result is not None and bool(result.aimed)
             effect += f", {moment} at the signal: {'yes' if aimed else 'no'}"
-            ended = ended and aimed
+            ended = ended and (aimed or not aim_seen)
         self.verify(killed, seen=ended, effect=effect)
         return killed
 
@@ -600,6 +619,27 @@ class Run:
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
+
+    def after_next_commit(self) -> Callable[[], bool]:
+        """A moment for the next fault, which must strike events on their way (a `when` of
+        `kill`): true once a writer has committed a transaction after this call, so that its
+        events are not yet applied; true at once when no writer can commit before the end of
+        the schedule (all are done or wait for their last transaction). In a small run,
+        writers commit a transaction every second or so and delivery takes tens of
+        milliseconds: a fault at a random moment often meets nothing in flight. The call
+        announces the fault: writers waiting for it may write their next step now."""
+        with self._schedule:
+            seen = self._commits
+            self._faults_announced = len(self.faults) + 1
+            self._schedule.notify_all()
+
+        def committed() -> bool:
+            return self._commits != seen or self._writers_finished >= WRITERS
+
+        return committed
+
+    def wait_for_moment(self, moment: Callable[[], bool], timeout: float) -> bool:
+        return _wait_for_moment(moment, timeout)
 
     # Producing events ----------------------------------------------------------------------
 
@@ -637,13 +677,15 @@ class Run:
         transaction only once the fault schedule is over, so that no fault strikes after the
         writing; the others no more than one step ahead of a schedule that plans its faults
         (after k of K, up to (k + 1) / (K + 1) of the events), so that a schedule slower than
-        the writing's pace (a broker slow to start) slows the writing with it."""
+        the writing's pace (a broker slow to start) slows the writing with it. A fault
+        announced by `after_next_commit` counts as done here: it waits for the writing."""
         if self.faults_done.is_set():
             return True
         if last:
             return False
         planned = self.scenario.planned_faults
-        return not planned or written <= (len(self.faults) + 1) / (planned + 1)
+        steps = max(len(self.faults), self._faults_announced)
+        return not planned or written <= (steps + 1) / (planned + 1)
 
     def _write(self, writer: int, seconds: float, poison: int) -> None:
         """One writer: the events of the keys k with k % WRITERS == writer, in order. One
@@ -660,14 +702,17 @@ class Run:
             for first in range(0, len(numbers), size):
                 batch = numbers[first : first + size]
                 waiting = _now()
+                last = first + size >= len(numbers)
                 with self._schedule:
+                    self._writers_finished += last
                     self._schedule.wait_for(
-                        partial(
-                            self._may_write, first / len(numbers), last=first + size >= len(numbers)
-                        )
+                        partial(self._may_write, first / len(numbers), last=last)
                     )
+                    self._writers_finished -= last
                 waited += _now() - waiting
                 self._publish_batch(batch)
+                with self._schedule:
+                    self._commits += 1
                 done = first + len(batch)
                 while poison_producer and poisoned < poison * done // len(numbers):
                     _produce_poison(poison_producer, self.topic, poisoned, self.keys)
@@ -689,6 +734,8 @@ class Run:
             self.production_error = error
             raise
         finally:
+            with self._schedule:
+                self._writers_finished += 1
             connection.close()
 
     def _produce(self, seconds: float, poison: int) -> None:

@@ -1,11 +1,15 @@
 """The runner's own measures, on rows written by the test: no service but PostgreSQL."""
 
+import threading
+import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import transaction
 
 import outbox
+from outbox.models import OutboxEvent
 from scenarios.definitions import SCENARIOS
 from scenarios.models import ScenarioEffect
 from scenarios.runner import Fault, Run
@@ -76,3 +80,54 @@ def test_a_poison_record_s_effect_is_no_event_on_its_way():
     )
     run.faults = [_fault("kill", now - timedelta(seconds=1), 1, seen=True)]
     assert run._in_flight_at_faults() == [0]
+
+
+@pytest.mark.django_db(transaction=True)  # the writer commits and closes its connection
+def test_a_fault_aimed_at_the_next_commit_waits_for_a_writer_s_commit_or_for_no_writer_left():
+    run = Run(SCENARIOS["relay-kill"], events=8, keys=8, seed=1)
+    run.faults_done.set()  # no schedule to wait for: each writer writes all it has at once
+    moment = run.after_next_commit()
+    assert not moment()
+    run._write(0, 0.0, 0)
+    assert moment()
+    # Asked afresh: writer 0 is done, three writers may still commit.
+    assert not run.after_next_commit()()
+    for writer in (1, 2, 3):
+        run._write(writer, 0.0, 0)
+    # No writer can commit any more: a fault waiting for a commit would wait for nothing.
+    assert run.after_next_commit()()
+    assert OutboxEvent.objects.filter(topic=run.topic).count() == 8
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fault_aimed_at_the_next_commit_lets_a_writer_waiting_for_it_write_its_next_step():
+    # Three planned faults: a writer of 3 transactions writes its first at once (up to 1/4
+    # of its events before the first fault), its second after the first fault (up to 2/4),
+    # its last after the schedule.
+    run = Run(replace(SCENARIOS["relay-kill"], planned_faults=3), events=12, keys=12, seed=1)
+    writer = threading.Thread(target=run._write, args=(0, 0.0, 0))
+    writer.start()
+    try:
+        assert _eventually(lambda: run._commits == 1)
+        time.sleep(0.2)
+        assert run._commits == 1  # waiting for the first fault
+        moment = run.after_next_commit()
+        assert _eventually(moment)  # the announced fault let it write its second
+        assert run._commits == 2
+        time.sleep(0.2)
+        assert run._commits == 2  # the last waits for the end of the schedule
+    finally:
+        run.faults_done.set()
+        with run._schedule:
+            run._schedule.notify_all()
+        writer.join(10)
+    assert run._commits == 3
+
+
+def _eventually(condition, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
