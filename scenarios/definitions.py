@@ -673,6 +673,7 @@ def _long_snapshot(run: Run) -> None:
         closed = run.fault(
             "REPEATABLE READ transaction closed",
             partial(_close_snapshot, run, reader, opened.result),
+            check=True,
         )
         closed.detail = f"xmin {closed.result['xmin']}"
         run.verify(
@@ -1193,6 +1194,7 @@ def _idle_transaction(run: Run) -> None:
                 f"sample {number}: the idle session, the relay's batch read, the event table, "
                 "retention",
                 partial(_idle_sample, run, opened.result["pid"], since, since_at),
+                check=True,
             )
             sample = sampled.result
             since, since_at = sample.pop("tick"), sample["at"]
@@ -1209,7 +1211,9 @@ def _idle_transaction(run: Run) -> None:
             )
             samples.append(sample)
         closed = run.fault(
-            "idle transaction closed", partial(_close_snapshot, run, idle, opened.result)
+            "idle transaction closed",
+            partial(_close_snapshot, run, idle, opened.result),
+            check=True,
         )
         closed.detail = f"xmin {closed.result['xmin']}"
         run.verify(

@@ -313,6 +313,9 @@ class Fault:
     # restart, the end of an outage).
     verified: bool | None = None
     effect: str = ""
+    # An entry that samples what a fault left (a held snapshot, its close), not a fault: its
+    # effect is verified like a fault's, but it is not counted as one.
+    check: bool = False
 
     def line(self) -> str:
         when = f"{self.started_at:%H:%M:%S.%f}"[:-3]
@@ -320,7 +323,8 @@ class Fault:
         seen = ""
         if self.verified is not None:
             seen = f" [{'seen' if self.verified else 'NOT SEEN'}: {self.effect}]"
-        return f"{when} +{self.ended - self.started:.1f}s {self.what}{detail}{seen}"
+        kind = "check: " if self.check else ""
+        return f"{when} +{self.ended - self.started:.1f}s {kind}{self.what}{detail}{seen}"
 
 
 @dataclass
@@ -548,13 +552,18 @@ class Run:
 
     # Faults --------------------------------------------------------------------------------
 
-    def fault(self, what: str, action: Callable[[], object] | None = None) -> Fault:
+    def fault(
+        self, what: str, action: Callable[[], object] | None = None, *, check: bool = False
+    ) -> Fault:
         """Runs `action` and logs it as one fault, from its start to its end; the fault keeps
         what the action returned (`result`), and the schedule may add what it showed
-        (`detail`, in the fault log)."""
+        (`detail`, in the fault log). With `check`, the entry samples what a fault left
+        (Fault.check)."""
         started, started_at = _now(), datetime.now(UTC)
         result = action() if action is not None else None
-        fault = Fault(what, started, _now(), started_at, datetime.now(UTC), result=result)
+        fault = Fault(
+            what, started, _now(), started_at, datetime.now(UTC), result=result, check=check
+        )
         with self._schedule:
             self.faults.append(fault)
             self._schedule.notify_all()
@@ -841,7 +850,7 @@ class Run:
         written before it ended and applied after it began. Events written only after a fault
         do not count (the writers' pacing guarantees those), so a fault between two quiet
         moments counts 0."""
-        struck = [fault for fault in self.faults if fault.verified]
+        struck = [fault for fault in self.faults if fault.verified and not fault.check]
         if not struck:
             return []
         created = dict(OutboxEvent.objects.filter(topic=self.topic).values_list("id", "created_at"))
@@ -954,9 +963,10 @@ class Run:
             pids={p.name: p.pids for p in self.processes.values()},
             fault_log=[f.line() for f in self.faults],
             # The schedule's entries (restarts and ends of outages among them); the result's
-            # "faults" counts only the faults whose effect was seen.
+            # "faults" counts only the faults whose effect was seen, not the checks.
             faults_logged=len(self.faults),
             faults_not_seen=[f.what for f in self.faults if f.verified is False],
+            checks_seen=sum(1 for f in self.faults if f.check and f.verified),
             # Seconds from the start of the run: the writing must end after the faults.
             faults_ended=round(self.faults_ended - started, 1),
             production_ended=round(self.production_ended - started, 1),
@@ -974,7 +984,7 @@ class Run:
             events=self.events,
             keys=self.keys,
             report=report,
-            faults=sum(1 for fault in self.faults if fault.verified),
+            faults=sum(1 for fault in self.faults if fault.verified and not fault.check),
             seconds=_now() - started,
             complete=complete,
             seconds_after_last_fault=(

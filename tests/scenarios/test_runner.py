@@ -17,7 +17,9 @@ from scenarios.runner import Fault, Run
 pytestmark = pytest.mark.django_db
 
 
-def _fault(what: str, started_at: datetime, seconds: float, *, seen: bool | None) -> Fault:
+def _fault(
+    what: str, started_at: datetime, seconds: float, *, seen: bool | None, check: bool = False
+) -> Fault:
     return Fault(
         what,
         0.0,
@@ -25,6 +27,7 @@ def _fault(what: str, started_at: datetime, seconds: float, *, seen: bool | None
         started_at,
         started_at + timedelta(seconds=seconds),
         verified=seen,
+        check=check,
     )
 
 
@@ -60,8 +63,9 @@ def test_a_fault_counts_the_events_it_struck_on_their_way_and_no_others():
         _fault("in flight", written + timedelta(seconds=5), 1, seen=True),
         # After every event was applied: an idle system.
         _fault("after", written + timedelta(seconds=120), 1, seen=True),
-        # An entry that is no fault (a restart) is not counted at all.
+        # An entry that is no fault (a restart, a check of what a fault left) is not counted.
         _fault("restart", written + timedelta(seconds=5), 1, seen=None),
+        _fault("check", written + timedelta(seconds=5), 1, seen=True, check=True),
     ]
     assert run._in_flight_at_faults() == [0, 2, 0]
 
