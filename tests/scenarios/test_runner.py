@@ -112,11 +112,11 @@ def test_a_fault_aimed_at_the_next_commit_lets_a_writer_waiting_for_it_write_its
     writer = threading.Thread(target=run._write, args=(0, 0.0, 0))
     writer.start()
     try:
-        assert _eventually(lambda: run._commits == 1)
+        assert run.wait_for_moment(lambda: run._commits == 1, 10)
         time.sleep(0.2)
         assert run._commits == 1  # waiting for the first fault
         moment = run.after_next_commit()
-        assert _eventually(moment)  # the announced fault let it write its second
+        assert run.wait_for_moment(moment, 10)  # the announced fault let it write its second
         assert run._commits == 2
         time.sleep(0.2)
         assert run._commits == 2  # the last waits for the end of the schedule
@@ -126,12 +126,3 @@ def test_a_fault_aimed_at_the_next_commit_lets_a_writer_waiting_for_it_write_its
             run._schedule.notify_all()
         writer.join(10)
     assert run._commits == 3
-
-
-def _eventually(condition, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
