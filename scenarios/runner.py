@@ -656,13 +656,19 @@ class Run:
         """Publishes one transaction of events. A transaction whose commit may or may not
         have happened (the database crashed under it) is retried for the events that are
         missing, found by their number, so no event is written twice."""
+        existing: set[int] = set()
+        retrying = False
         while True:
             try:
-                existing = set(
-                    OutboxEvent.objects.filter(
-                        topic=self.topic, payload__n__in=numbers
-                    ).values_list("payload__n", flat=True)
-                )
+                if retrying:
+                    # A scan of the whole event table (payload->'n' has no index): on the
+                    # first try no event of these numbers can exist, and a scan per
+                    # transaction of a full-size run took most of PostgreSQL's CPU.
+                    existing = set(
+                        OutboxEvent.objects.filter(
+                            topic=self.topic, payload__n__in=numbers
+                        ).values_list("payload__n", flat=True)
+                    )
                 with transaction.atomic():
                     for number in numbers:
                         if number in existing:
@@ -678,6 +684,7 @@ class Run:
                 return
             except DatabaseError as error:
                 logger.info("producer: %s; retrying", error)
+                retrying = True
                 connection.close()
                 time.sleep(0.5)
 
@@ -703,7 +710,8 @@ class Run:
             numbers = [n for n in range(self.events) if (n % self.keys) % WRITERS == writer]
             # Small runs write smaller transactions, so that events keep flowing between
             # faults rather than in a few bursts.
-            size = max(1, min(EVENTS_PER_TRANSACTION, -(-len(numbers) // MIN_TRANSACTIONS)))
+            most = self.scenario.events_per_transaction
+            size = max(1, min(most, -(-len(numbers) // MIN_TRANSACTIONS)))
             started = _now()
             poison_producer = _poison_producer() if poison else None
             poisoned = 0
@@ -1096,6 +1104,8 @@ class Scenario:
     # events flow): production_seconds is then the writing time at full size, and a smaller
     # run writes for proportionally less, never under this. 0: the same time at every size.
     min_production_seconds: float = 0.0
+    # The most events a writer's transaction holds (smaller in small runs, see Run._write).
+    events_per_transaction: int = EVENTS_PER_TRANSACTION
 
     def full_events(self) -> int:
         return 20_000 if self.heavy else 100_000
