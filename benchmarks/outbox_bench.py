@@ -38,6 +38,7 @@ import argparse
 import contextlib
 import gc
 import json
+import math
 import multiprocessing
 import os
 import signal
@@ -261,13 +262,13 @@ def _publish_paced(
     rate: float,
     seconds: float,
     first: int,
-    costs: "multiprocessing.Queue[tuple[int, float]]",
+    costs: "multiprocessing.Queue[PublisherReport]",
     keys: int = KEYS,
     load: "Load | None" = None,
 ) -> None:
     """One publisher process: `rate` events a second through outbox.publish(),
-    `load.per_transaction` per transaction, catching up when it falls behind. Puts (events,
-    CPU seconds spent in the publishing transactions) on `costs`."""
+    `load.per_transaction` per transaction, catching up when it falls behind. Puts its
+    PublisherReport on `costs`."""
     from django.db import connection, transaction
 
     import outbox
@@ -278,9 +279,11 @@ def _publish_paced(
     next_at = started
     number = first
     published, cpu_seconds = 0, 0.0
+    commits: list[Commit] = []
     try:
         while time.perf_counter() - started < seconds:
             cpu_started = time.process_time()
+            first_number = number
             with transaction.atomic():
                 for _ in range(load.per_transaction):
                     outbox.publish(
@@ -291,6 +294,15 @@ def _publish_paced(
                         topic=topic,
                     )
                     number += load.processes
+                committing = time.perf_counter()
+            if load.time_commits:
+                commits.append(
+                    Commit(
+                        first_number=first_number,
+                        returned_at=time.time(),
+                        seconds=time.perf_counter() - committing,
+                    )
+                )
             cpu_seconds += time.process_time() - cpu_started
             published += load.per_transaction
             if load.committed is not None:
@@ -302,27 +314,48 @@ def _publish_paced(
                 time.sleep(pause)
     finally:
         connection.close()
-        costs.put((published, cpu_seconds))
+        costs.put(PublisherReport(published, cpu_seconds, commits))
 
 
 @dataclass
 class Load:
     """What the publishers write, and how many processes write it: events per transaction,
-    the aggregate type (also the prefix of the keys), each event's payload by its number, and a
+    the aggregate type (also the prefix of the keys), each event's payload by its number, a
     counter shared by the processes that each committed transaction adds its events to (None:
-    not counted)."""
+    not counted), and whether to time each transaction's COMMIT."""
 
     processes: int = PUBLISHER_PROCESSES
     per_transaction: int = 10
     aggregate_type: str = "order"
     payload: Callable[[int], dict] = payload
     committed: "Synchronized[int] | None" = None
+    time_commits: bool = False
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One publishing transaction's COMMIT: the number of its first event (the others follow
+    by the number of processes), when the COMMIT returned (time.time()) and how long it took.
+    PostgreSQL makes a transaction visible only once its WAL is on disk, so a slow flush
+    delays its events' publishing before any relay can see them."""
+
+    first_number: int
+    returned_at: float
+    seconds: float
+
+
+@dataclass
+class PublisherReport:
+    published: int
+    cpu_seconds: float  # spent in the publishing transactions
+    commits: list[Commit]
 
 
 @dataclass
 class OfferedLoad:
     rate: float  # events/s actually achieved
     publish_cpu_ms: float  # CPU milliseconds per event in the publishers' transactions
+    commits: list[Commit]  # empty unless the load timed them
 
 
 def start_publishers(
@@ -332,11 +365,11 @@ def start_publishers(
     event_type: str = "OrderPlaced",
     keys: int = KEYS,
     load: Load | None = None,
-) -> tuple[list["ForkProcess"], "multiprocessing.Queue[tuple[int, float]]"]:
+) -> tuple[list["ForkProcess"], "multiprocessing.Queue[PublisherReport]"]:
     """Starts `load.processes` forked processes that publish `rate` events a second of
     `event_type` on `keys` keys to `topic` for `seconds` (threads of one process share its
     interpreter lock and could not offer 1,000 events/s). Returns them and the queue each
-    puts its (events, CPU seconds) on when it ends. Call before this process starts a thread
+    puts its PublisherReport on when it ends. Call before this process starts a thread
     or a Kafka client of its own: a forked child has none of their threads."""
     from django.db import connections
 
@@ -361,10 +394,15 @@ def start_publishers(
 
 
 def offer_load(
-    topic: str, rate: int, seconds: float, event_type: str = "OrderPlaced", keys: int = KEYS
+    topic: str,
+    rate: int,
+    seconds: float,
+    event_type: str = "OrderPlaced",
+    keys: int = KEYS,
+    load: Load | None = None,
 ) -> OfferedLoad:
     """Publishes `rate` events a second of `event_type` on `keys` keys to `topic` from
-    PUBLISHER_PROCESSES processes, and waits for them."""
+    `load.processes` processes, and waits for them."""
     from django.db import connections
 
     from outbox.models import OutboxEvent
@@ -373,7 +411,9 @@ def offer_load(
     connections.close_all()
     gc.collect()
     started = time.perf_counter()
-    publishers, costs = start_publishers(topic, rate, seconds, event_type, keys)
+    publishers, costs = start_publishers(topic, rate, seconds, event_type, keys, load)
+    # Read before the joins: a process whose report is still in its queue's pipe cannot exit.
+    reported: list[PublisherReport] = [costs.get(timeout=seconds + 60) for _ in publishers]
     for publisher in publishers:
         publisher.join()
     elapsed = time.perf_counter() - started
@@ -381,10 +421,10 @@ def offer_load(
         codes = [publisher.exitcode for publisher in publishers]
         raise RuntimeError(f"a publisher process failed (exit codes {codes})")
     published = OutboxEvent.objects.filter(topic=topic, event_type=event_type).count()
-    reported = [costs.get(timeout=10) for _ in publishers]
-    events = sum(count for count, _ in reported) or 1
-    cpu_ms = 1000 * sum(cpu for _, cpu in reported) / events
-    return OfferedLoad(rate=published / elapsed, publish_cpu_ms=cpu_ms)
+    events = sum(report.published for report in reported) or 1
+    cpu_ms = 1000 * sum(report.cpu_seconds for report in reported) / events
+    commits = [commit for report in reported for commit in report.commits]
+    return OfferedLoad(rate=published / elapsed, publish_cpu_ms=cpu_ms, commits=commits)
 
 
 def warm_up(topic: str) -> None:
@@ -470,6 +510,41 @@ def publish_lags(
         return sorted(float(lag) for (lag,) in cursor.fetchall())
 
 
+# The numbers of the published events of a type (payload()'s "number") and when each was first
+# published, in seconds since the epoch.
+PUBLISHED_AT_SQL = """
+SELECT (event.payload ->> 'number')::bigint,
+       EXTRACT(EPOCH FROM min(delivery.published_at))::float8
+FROM outbox_event AS event
+JOIN outbox_delivery AS delivery ON delivery.event_id = event.id AND delivery.outcome = 'PUBLISHED'
+WHERE event.topic = %(topic)s AND event.type = %(type)s
+GROUP BY event.id, event.payload
+"""
+
+
+def lags_from_commits(
+    topic: str, commits: list[Commit], load: Load, event_type: str = "OrderPlaced"
+) -> list[float]:
+    """Publish lags in milliseconds, sorted, from the return of each event's COMMIT (the
+    publisher's clock, the relay's, one machine) to its first PUBLISHED delivery: the part of
+    the lag after its transaction became visible. Slightly negative for an event the relay
+    published before its publisher had read the COMMIT's answer."""
+    from django.db import connection
+
+    committed_at = {
+        commit.first_number + index * load.processes: commit.returned_at
+        for commit in commits
+        for index in range(load.per_transaction)
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(PUBLISHED_AT_SQL, {"topic": topic, "type": event_type})
+        return sorted(
+            1000 * (published_at - committed_at[number])
+            for number, published_at in cursor.fetchall()
+            if number in committed_at
+        )
+
+
 def lag_percentiles(
     topic: str, event_type: str = "OrderPlaced", timeout: float = 60
 ) -> tuple[float, float, float, int]:
@@ -486,8 +561,14 @@ def lag_percentiles(
     not_done = OutboxEvent.objects.filter(topic=topic, event_type=event_type).count() - len(lags)
     if len(lags) < 2:
         return float("nan"), float("nan"), float("nan"), not_done
-    quantiles = statistics.quantiles(lags, n=100, method="inclusive")
-    return quantiles[49], quantiles[98], lags[-1], not_done
+    return *p50_p99(lags), lags[-1], not_done
+
+
+def p50_p99(values: list[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        return float("nan"), float("nan")
+    quantiles = statistics.quantiles(values, n=100, method="inclusive")
+    return quantiles[49], quantiles[98]
 
 
 def report_lag(
@@ -742,6 +823,25 @@ class SnapshotRun:
     worst: float
     never: int  # still not published a minute after the snapshot was released
     errors: list[str]
+    # The publishers' COMMITs in ms (p50, p99, max), and the lag from their return (p50, p99).
+    commit_ms: tuple[float, float, float]
+    from_commit: tuple[float, float]
+
+    COMMIT_HEADER = f"{'COMMIT p50':>12}{'p99':>7}{'max':>7}{'from COMMIT p50':>17}{'p99':>7}"
+
+    def commit_columns(self) -> str:
+        return (
+            f"{self.commit_ms[0]:>12,.1f}{self.commit_ms[1]:>7,.1f}{self.commit_ms[2]:>7,.0f}"
+            f"{self.from_commit[0]:>17,.1f}{self.from_commit[1]:>7,.1f}"
+        )
+
+
+COMMIT_NOTE = (
+    "   COMMIT: the publishers' COMMITs in ms, each waiting for its WAL to reach the disk"
+    " before PostgreSQL shows\n"
+    "   its events to any reader; from COMMIT: the publish lag from the COMMIT's return, the"
+    " part after the events became visible."
+)
 
 
 def hold_snapshot(url: str) -> psycopg.Connection:
@@ -788,7 +888,8 @@ def measure_snapshot_run(
         warm_up(topic)
         if held:
             holder = hold_snapshot(url)
-        offered = offer_load(topic, rate, seconds, keys=keys)
+        load = Load(time_commits=True)
+        offered = offer_load(topic, rate, seconds, keys=keys, load=load)
         offer_ended = time.monotonic()
         time.sleep(max(0.0, offer_ended + 10 - time.monotonic()))
         left = undelivered(topic, "OrderPlaced")
@@ -798,12 +899,26 @@ def measure_snapshot_run(
             holder = None
         p50, p99, worst, never = lag_percentiles(topic, timeout=drain_seconds)
         events = OutboxEvent.objects.filter(topic=topic, event_type="OrderPlaced").count()
+        commit_seconds = sorted(1000 * commit.seconds for commit in offered.commits)
+        commit_ms = (*p50_p99(commit_seconds), commit_seconds[-1] if commit_seconds else math.nan)
+        from_commit = p50_p99(lags_from_commits(topic, offered.commits, load))
     finally:
         if holder is not None:
             holder.close()
         stop(process)
     return SnapshotRun(
-        held, offered, events, left, dead, p50, p99, worst, never, relay_output_errors(output)
+        held,
+        offered,
+        events,
+        left,
+        dead,
+        p50,
+        p99,
+        worst,
+        never,
+        relay_output_errors(output),
+        commit_ms,
+        from_commit,
     )
 
 
@@ -823,10 +938,8 @@ def held_snapshot(
         "   throughout; 'left' = not published at the end of the offer + 10 s; lag over all"
         " events once published"
     )
-    print(
-        "   after the snapshot's release; dead tuples of outbox_event at the end + 10 s.",
-        flush=True,
-    )
+    print("   after the snapshot's release; dead tuples of outbox_event at the end + 10 s.")
+    print(COMMIT_NOTE, flush=True)
     runs = [
         measure_snapshot_run(held, rate, seconds, url, environment, topics)
         for held in (False, True)
@@ -834,6 +947,7 @@ def held_snapshot(
     print(
         f"  {'snapshot':<10}{'offered/s':>10}{'events':>9}{'left':>9}"
         f"{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}{'dead tuples':>13}"
+        f"{SnapshotRun.COMMIT_HEADER}"
     )
     for run in runs:
         notes = []
@@ -844,7 +958,8 @@ def held_snapshot(
         print(
             f"  {'held' if run.held else 'none':<10}{run.offered.rate:>10,.0f}"
             f"{run.events:>9,}{run.left:>9,}{run.p50:>10,.1f}{run.p99:>10,.1f}"
-            f"{run.worst:>10,.1f}{run.dead_tuples:>13,}  {' '.join(notes)}"
+            f"{run.worst:>10,.1f}{run.dead_tuples:>13,}{run.commit_columns()}"
+            f"  {' '.join(notes)}"
         )
     free, held = runs
     print(f"  p99 held / free: {held.p99 / free.p99:.2f}")
@@ -864,19 +979,20 @@ def one_key_lag(
     )
     print(
         "   per transaction); 'left' = not published at the end of the offer + 10 s; lag over"
-        " the events published within 10 s more.",
-        flush=True,
+        " the events published within 10 s more."
     )
+    print(COMMIT_NOTE, flush=True)
     run = measure_snapshot_run(
         False, rate, seconds, url, environment, topics, keys=1, drain_seconds=10
     )
     print(
         f"  {'offered/s':>10}{'events':>9}{'left':>9}"
-        f"{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}  never published"
+        f"{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}{SnapshotRun.COMMIT_HEADER}  never published"
     )
     print(
         f"  {run.offered.rate:>10,.0f}{run.events:>9,}{run.left:>9,}"
-        f"{run.p50:>10,.1f}{run.p99:>10,.1f}{run.worst:>10,.1f}  {run.never:,}"
+        f"{run.p50:>10,.1f}{run.p99:>10,.1f}{run.worst:>10,.1f}{run.commit_columns()}"
+        f"  {run.never:,}"
     )
     for line in run.errors[:5]:
         print(f"  {line}")
