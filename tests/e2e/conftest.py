@@ -99,32 +99,38 @@ def browser(tmp_path: Path) -> Iterator[Any]:
     driver.quit()
 
 
+def wait_until_replaced(browser: Any, element: Any, timeout: float) -> None:
+    """Waits until the page `element` is on has been replaced by the next one (Selenium's
+    staleness_of, which takes only a stale element for an answer)."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def replaced(_: Any) -> bool:
+        try:
+            element.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as error:
+            # Chromium's answer, now and then, for an element whose document is being replaced.
+            if "does not belong to the document" in str(error):
+                return True
+            raise
+        return False
+
+    WebDriverWait(browser, timeout).until(replaced)
+
+
 def log_in(browser: Any, base_url: str, username: str, password: str) -> None:
     """Logs in through the login page, and waits until the page it leads to is loaded."""
-    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     browser.get(f"{base_url}/admin/login/")
     browser.find_element(By.NAME, "username").send_keys(username)
     browser.find_element(By.NAME, "password").send_keys(password)
     login = browser.find_element(By.CSS_SELECTOR, "button[type=submit], input[type=submit]")
     login.click()
-
-    def left_the_login_page(_: Any) -> bool:
-        try:
-            login.is_enabled()
-        except StaleElementReferenceException:
-            return True
-        except WebDriverException as error:
-            # Chromium's answer for a button whose document is being replaced, now and then.
-            if "does not belong to the document" in str(error):
-                return True
-            raise
-        return False
-
     # The next page load must not cut the login's own (a POST, then a redirect) short.
-    WebDriverWait(browser, 10).until(left_the_login_page)
+    wait_until_replaced(browser, login, 10)
 
 
 def page_report(browser: Any) -> dict[str, list[Any]]:

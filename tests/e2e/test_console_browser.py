@@ -15,7 +15,7 @@ from outbox.models import OutboxEvent, OutboxHeldEvent
 from outbox.producer import close_producers
 from outbox.selectors import outbox_events_with_delivery
 from tests.conftest import publish_numbered
-from tests.e2e.conftest import needs_browser
+from tests.e2e.conftest import needs_browser, wait_until_replaced
 
 ARTIFACTS = Path(settings.BASE_DIR) / "artifacts"
 
@@ -55,7 +55,7 @@ def test_an_operator_retries_failed_events_from_the_browser(
     login = browser.find_element(By.CSS_SELECTOR, "button[type=submit], input[type=submit]")
     login.click()
     # The next page load must not cut the login's own (a POST, then a redirect) short.
-    WebDriverWait(browser, 10).until(expected_conditions.staleness_of(login))
+    wait_until_replaced(browser, login, 10)
 
     browser.get(f"{live_server.url}/admin/")
     dashboard = browser.find_element(By.ID, "console-dashboard")

@@ -18,7 +18,13 @@ from inbox.models import InboxMessage
 from outbox.models import OutboxEvent
 from outbox.selectors import outbox_event_delivered
 from tests.console.conftest import TIMED_OUT, TOO_LARGE
-from tests.e2e.conftest import assert_no_violations, log_in, needs_browser, page_report
+from tests.e2e.conftest import (
+    assert_no_violations,
+    log_in,
+    needs_browser,
+    page_report,
+    wait_until_replaced,
+)
 
 pytestmark = needs_browser
 
@@ -61,12 +67,10 @@ def _counts(groups: dict[tuple[str, ...], Any]) -> dict[tuple[str, ...], int]:
 def _submit(browser: Any, button_id: str) -> None:
     """Presses the button and waits until the page its form leads to has replaced this one."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
-    from selenium.webdriver.support.ui import WebDriverWait
 
     button = browser.find_element(By.ID, button_id)
     button.click()
-    WebDriverWait(browser, 20).until(expected_conditions.staleness_of(button))
+    wait_until_replaced(browser, button, 20)
 
 
 def _text(browser: Any, element_id: str) -> str:
