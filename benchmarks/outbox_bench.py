@@ -899,8 +899,11 @@ def measure_snapshot_run(
             holder = None
         p50, p99, worst, never = lag_percentiles(topic, timeout=drain_seconds)
         events = OutboxEvent.objects.filter(topic=topic, event_type="OrderPlaced").count()
-        commit_seconds = sorted(1000 * commit.seconds for commit in offered.commits)
-        commit_ms = (*p50_p99(commit_seconds), commit_seconds[-1] if commit_seconds else math.nan)
+        commit_times_ms = sorted(1000 * commit.seconds for commit in offered.commits)
+        commit_ms = (
+            *p50_p99(commit_times_ms),
+            commit_times_ms[-1] if commit_times_ms else math.nan,
+        )
         from_commit = p50_p99(lags_from_commits(topic, offered.commits, load))
     finally:
         if holder is not None:

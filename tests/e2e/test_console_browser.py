@@ -15,7 +15,7 @@ from outbox.models import OutboxEvent, OutboxHeldEvent
 from outbox.producer import close_producers
 from outbox.selectors import outbox_events_with_delivery
 from tests.conftest import publish_numbered
-from tests.e2e.conftest import needs_browser, wait_until_replaced
+from tests.e2e.conftest import log_in, needs_browser
 
 ARTIFACTS = Path(settings.BASE_DIR) / "artifacts"
 
@@ -49,13 +49,7 @@ def test_an_operator_retries_failed_events_from_the_browser(
     events = _failed_events(size_limited_log_relay, topic, 3)
     ids = {str(event.pk) for event in events}
 
-    browser.get(f"{live_server.url}/admin/login/")
-    browser.find_element(By.NAME, "username").send_keys("admin")
-    browser.find_element(By.NAME, "password").send_keys("e2e-password")
-    login = browser.find_element(By.CSS_SELECTOR, "button[type=submit], input[type=submit]")
-    login.click()
-    # The next page load must not cut the login's own (a POST, then a redirect) short.
-    wait_until_replaced(browser, login, 10)
+    log_in(browser, live_server.url, "admin", "e2e-password")
 
     browser.get(f"{live_server.url}/admin/")
     dashboard = browser.find_element(By.ID, "console-dashboard")
