@@ -4,8 +4,10 @@ The scenarios crash brokers and PostgreSQL through this checkout's pid files (un
 `.local/scenarios`). Services of another checkout answering on the same ports would take the
 traffic while the faults hit nothing, so before the services start, the ports are claimed:
 - a block of ports (PostgreSQL, Redis, three brokers and their controllers) is recorded in
-  `.local/scenarios/port-block`; block 0 is 55432, 56379, 19092-19094 and 39092-39094, block
-  n adds n * 100 to each;
+  `.local/scenarios/port-block`; block 0 is 25432, 26379, 19092-19094 and 19095-19097, block
+  n adds n * 100 to each. Every block lies below Linux's ephemeral range (32768-60999 by
+  default): a port in it may be the local end of any outgoing connection at the moment a
+  service binds it, which no check of listening sockets can foresee;
 - the recorded block is kept while every port of it that answers is served by a process whose
   pid this checkout's pid files hold;
 - otherwise this checkout's services (if any) are stopped and it moves to the lowest block on
@@ -44,11 +46,11 @@ class PortBlock:
 
     @property
     def postgres(self) -> int:
-        return self._port(55432)
+        return self._port(25432)
 
     @property
     def redis(self) -> int:
-        return self._port(56379)
+        return self._port(26379)
 
     @property
     def kafka_port_base(self) -> int:
@@ -57,7 +59,7 @@ class PortBlock:
 
     @property
     def controller_port_base(self) -> int:
-        return self._port(39091)
+        return self._port(19094)
 
     def kafka(self, node: int) -> int:
         return self.kafka_port_base + node
