@@ -278,6 +278,18 @@ if TYPE_CHECKING:
     DeliveredEvent = WithAnnotations[OutboxEvent, DeliveryAnnotations]
 
 
+class ProbedExists(Exists):
+    """EXISTS that PostgreSQL evaluates by probing an index for each row it is asked about.
+
+    A plain EXISTS may be planned as a hash of the whole subquery, built once per partition
+    the outer query scans: the planner counts a call for every row of the table, not for the
+    page's rows a LIMIT leaves. For the held events (20,000 rows when many keys are held)
+    that is a sequential read of the held table per day partition, for a page of 25. OFFSET
+    0 keeps the subquery from being turned into the hashable form."""
+
+    template = "EXISTS(%(subquery)s OFFSET 0)"
+
+
 def _records_of_outer_event() -> QuerySet[OutboxDelivery]:
     """The delivery records of the outer query's event. Each read of them probes the delivery
     table's day partitions from the event's creation on only (RECORD_CLOCK_MARGIN), not all."""
@@ -313,8 +325,8 @@ def outbox_events_with_delivery(
         .values("count")
     )
     return queryset.alias(
-        held=Exists(held),
-        held_spent=Exists(held.filter(next_attempt_at__isnull=True, attempts__gt=0)),
+        held=ProbedExists(held),
+        held_spent=ProbedExists(held.filter(next_attempt_at__isnull=True, attempts__gt=0)),
         final_outcome=Subquery(final.values("outcome")[:1]),
     ).annotate(
         delivery_status=Case(

@@ -1,4 +1,4 @@
-"""Writes docs/RESULTS.md: runs the outbox, inbox and analytics benchmarks and the full
+"""Writes docs/RESULTS.md: runs the outbox, inbox, console and analytics benchmarks and the full
 scenario suite, and puts their figures, the machine, the command lines and the date in one
 page. Every figure in the page comes from a command run here; none is written by hand.
 
@@ -135,6 +135,12 @@ class Command(BaseCommand):
             benchmarks: list[tuple[str, list[str], dict[str, str]]] = [
                 ("Outbox benchmark", [python, "benchmarks/outbox_bench.py"], {}),
                 ("Inbox benchmark", [python, "benchmarks/inbox_bench.py"], {}),
+                # Its page requests log at INFO (django-axes's sweeps): not figures.
+                (
+                    "Console benchmark",
+                    [python, "benchmarks/console_bench.py"],
+                    {"LOG_LEVEL": "WARNING"},
+                ),
                 (
                     "Analytics benchmark",
                     [
