@@ -118,7 +118,8 @@ def test_a_deep_list_page_shows_its_rows_in_order_and_reads_the_delivery_of_thos
     assert ">DONE<" in html
     assert ">FAILED<" in html
     # The rows OFFSET skips are found by their keys alone: their delivery is never computed.
-    skipping = [query["sql"] for query in captured if "OFFSET" in query["sql"]]
+    # (The paging OFFSET ends the query; "OFFSET 0" inside keeps an EXISTS a per-row probe.)
+    skipping = [query["sql"] for query in captured if re.search(r"OFFSET [1-9]\d*$", query["sql"])]
     assert skipping
     assert all("outbox_delivery" not in sql for sql in skipping)
     # The page's rows are read by their day and place in commit order (the relay's B-tree
