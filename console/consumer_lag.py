@@ -6,10 +6,11 @@ import functools
 import hashlib
 import logging
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from django.conf import settings
 from django.core.cache import cache
@@ -72,35 +73,88 @@ def _admin_client(timeout: float) -> AdminClient:
     )
 
 
+def _client_timeouts(milliseconds: int) -> dict[str, Any]:
+    return {
+        **kafka_connection_config(),
+        "socket.timeout.ms": milliseconds,
+        "socket.connection.setup.timeout.ms": milliseconds,
+        "reconnect.backoff.max.ms": milliseconds,
+    }
+
+
 @functools.lru_cache(maxsize=4)
 def _process_admin_client(pid: int, bootstrap_servers: str, milliseconds: int) -> AdminClient:
-    return AdminClient(
-        {
-            **kafka_connection_config(),
-            "socket.timeout.ms": milliseconds,
-            "socket.connection.setup.timeout.ms": milliseconds,
-            "reconnect.backoff.max.ms": milliseconds,
-        }
+    return AdminClient(_client_timeouts(milliseconds))
+
+
+def _offsets_reader(group: str, timeout: float) -> Consumer:
+    # Kept per process like the admin client: the group's coordinator is looked up once.
+    return _process_offsets_reader(
+        os.getpid(), kafka_settings.BOOTSTRAP_SERVERS, group, max(1, int(timeout * 1000))
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _process_offsets_reader(
+    pid: int, bootstrap_servers: str, group: str, milliseconds: int
+) -> Consumer:
+    """A consumer of `group` that only reads its committed offsets: it never subscribes, so it
+    never joins the group. The admin client's ListConsumerGroupOffsets is not used: when the
+    coordinator answers NOT_COORDINATOR (a broker that has just created __consumer_offsets, a
+    coordinator that moved) librdkafka re-queries the coordinator through the client's
+    consumer group, which an admin client does not have, and the process dies of a
+    segmentation fault (librdkafka issue 5040). A consumer has one, and retries."""
+    return Consumer(
+        {**_client_timeouts(milliseconds), "group.id": group, "enable.auto.commit": False}
+    )
+
+
+# A group coordinator that is loading or has moved: the consumer looks it up again, and the
+# read is asked again within the timeout.
+COORDINATOR_NOT_READY = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    }
+)
+COORDINATOR_RETRY_SECONDS = 0.2
+
+
+def _committed(
+    group: str, partitions: list[TopicPartition], timeout: float
+) -> list[TopicPartition]:
+    """The committed offsets of `group` in `partitions`, read within `timeout` seconds."""
+    reader = _offsets_reader(group, timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return reader.committed(partitions, timeout=max(0.1, deadline - time.monotonic()))
+        except KafkaException as error:
+            if error.args[0].code() not in COORDINATOR_NOT_READY or time.monotonic() >= deadline:
+                raise
+        time.sleep(COORDINATOR_RETRY_SECONDS)
 
 
 def _read_consumer_lag(groups: dict[str, list[str]], timeout: float) -> ConsumerLag:
     admin = _admin_client(timeout)
     metadata = admin.list_topics(timeout=timeout)
-    wanted: dict[str, list[TopicPartition]] = {}
+    # A group with no topics known here (a configured one) is asked for every topic's
+    # partitions, and shows those it committed an offset for.
+    every_topic = [topic for topic in metadata.topics if not topic.startswith("__")]
+    committed: dict[tuple[str, str, int], int] = {}
     for group, topics in groups.items():
-        wanted[group] = [
+        partitions = [
             TopicPartition(topic, partition)
-            for topic in topics
+            for topic in topics or every_topic
             if topic in metadata.topics
             for partition in sorted(metadata.topics[topic].partitions)
         ]
-    committed: dict[tuple[str, str, int], int] = {}
-    for group, partitions in wanted.items():
-        request = ConsumerGroupTopicPartitions(group, partitions or None)
-        future = admin.list_consumer_group_offsets([request], request_timeout=timeout)[group]
-        for tp in future.result(timeout=timeout + 1).topic_partitions or []:
-            committed[(group, tp.topic, tp.partition)] = tp.offset
+        if not partitions:
+            continue
+        for tp in _committed(group, partitions, timeout):
+            if topics or tp.offset >= 0:
+                committed[(group, tp.topic, tp.partition)] = tp.offset
     partitions_needed = {(topic, partition) for _, topic, partition in committed}
     highs: dict[tuple[str, int], int] = {}
     if partitions_needed:

@@ -23,7 +23,7 @@ from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
-from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, Producer, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic, OffsetSpec
 from django.conf import settings
 from django.core.management import call_command
@@ -1020,12 +1020,14 @@ def _group_positions(topic: str, group: str) -> list[str]:
     client = faults.admin()
     metadata = client.list_topics(topic, timeout=15)
     partitions = [TopicPartition(topic, p) for p in sorted(metadata.topics[topic].partitions)]
-    request = ConsumerGroupTopicPartitions(group, partitions)
-    committed = {
-        tp.partition: tp.offset
-        for tp in client.list_consumer_group_offsets([request])[group].result(15).topic_partitions
-        or []
-    }
+    # Read by a consumer of the group that never joins it, not the admin client: a group
+    # coordinator that moved (a broker crashed) answers NOT_COORDINATOR, which kills a process
+    # whose admin client reads group offsets (console.consumer_lag says why).
+    reader = Consumer({"bootstrap.servers": faults.bootstrap_servers(), "group.id": group})
+    try:
+        committed = {tp.partition: tp.offset for tp in reader.committed(partitions, timeout=15)}
+    finally:
+        reader.close()
     ends = {}
     for isolation in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED):
         futures = client.list_offsets(

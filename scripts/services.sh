@@ -4,6 +4,7 @@
 #
 #   scripts/services.sh up|down|status
 #   scripts/services.sh zipkin-up | zipkin-down     Zipkin alone (zipkin-up needs no TRACING)
+#   scripts/services.sh kafka-up | kafka-down       Kafka alone (a broker of its own for a test)
 #   Fault tests act on one part at a time:
 #   scripts/services.sh kafka-stop N | kafka-kill N | kafka-start N | kafka-pause N | kafka-resume N
 #   scripts/services.sh postgres-crash | postgres-start | redis-stop | redis-start
@@ -619,6 +620,11 @@ case "$command" in
     zipkin_up
     ;;
   zipkin-down) zipkin_down ;;
+  kafka-up)
+    mkdir -p "$LOCAL_DIR"
+    kafka_up
+    ;;
+  kafka-down) kafka_down ;;
   kafka-start)
     # A restart: the broker must be down. Reports its new pid.
     kafka_start_node "${2:?broker number}" restart
@@ -666,7 +672,7 @@ case "$command" in
     ;;
   redis-start) redis_up ;;
   *)
-    echo "usage: $0 up|down|status|kafka-start N|kafka-stop N|kafka-kill N|kafka-pause N|kafka-resume N|postgres-crash|postgres-start|redis-stop|redis-start|zipkin-up|zipkin-down" >&2
+    echo "usage: $0 up|down|status|kafka-start N|kafka-stop N|kafka-kill N|kafka-pause N|kafka-resume N|postgres-crash|postgres-start|redis-stop|redis-start|zipkin-up|zipkin-down|kafka-up|kafka-down" >&2
     exit 2
     ;;
 esac

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from scenarios import faults
+from scenarios import faults, ports
 from tests.scenarios.limits import (
     RUN_TIMEOUT_SECONDS,
     SERVICES_DOWN_SECONDS,
@@ -23,6 +23,16 @@ from tests.scenarios.limits import (
 
 # Events per scenario in the test suite; the full sizes are `make scenarios`'.
 TEST_EVENTS = int(os.environ.get("SCENARIO_TEST_EVENTS", "2000"))
+
+
+def free_block(*, besides: tuple[int, ...] = ()) -> ports.PortBlock:
+    """A block on whose ports nothing listens now."""
+    listening = set(ports.listening_sockets())
+    for number in range(1, ports.PORT_BLOCKS):
+        block = ports.PortBlock(number)
+        if number not in besides and not set(block.ports()) & listening:
+            return block
+    raise AssertionError("no free block of ports on this machine")
 
 
 @pytest.fixture(scope="session")

@@ -15,22 +15,12 @@ from django.conf import settings
 
 from scenarios import faults, ports
 from scenarios.runner import STOP_TIMEOUT_SECONDS
-from tests.scenarios.conftest import isolated_env
+from tests.scenarios.conftest import free_block, isolated_env
 from tests.scenarios.limits import RUN_TIMEOUT_SECONDS, TEST_TIMEOUT_SECONDS
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(TEST_TIMEOUT_SECONDS)]
 
 SERVICES_SCRIPT = str(Path(settings.BASE_DIR) / "scripts" / "services.sh")
-
-
-def free_block(*, besides: tuple[int, ...] = ()) -> ports.PortBlock:
-    """A block on whose ports nothing listens now."""
-    listening = set(ports.listening_sockets())
-    for number in range(1, ports.PORT_BLOCKS):
-        block = ports.PortBlock(number)
-        if number not in besides and not set(block.ports()) & listening:
-            return block
-    raise AssertionError("no free block of ports on this machine")
 
 
 @pytest.fixture
