@@ -1,3 +1,4 @@
+import gc
 import os
 
 import django
@@ -11,3 +12,5 @@ from kafka_events.tracing import configure_tracing  # noqa: E402  (needs the set
 # Before the application loads its middleware: Django's instrumentation adds its own.
 configure_tracing(service_name="web")
 application = get_asgi_application()
+# As project/wsgi.py does, and for the same reason.
+gc.freeze()
