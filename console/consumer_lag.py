@@ -103,7 +103,8 @@ def _process_offsets_reader(
     coordinator answers NOT_COORDINATOR (a broker that has just created __consumer_offsets, a
     coordinator that moved) librdkafka re-queries the coordinator through the client's
     consumer group, which an admin client does not have, and the process dies of a
-    segmentation fault (librdkafka issue 5040). A consumer has one, and retries."""
+    segmentation fault (librdkafka issue 5040). A consumer has one: it looks the coordinator
+    up again, and _committed asks again."""
     return Consumer(
         {**_client_timeouts(milliseconds), "group.id": group, "enable.auto.commit": False}
     )
