@@ -19,11 +19,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from django.conf import settings
 
 from scenarios import ports
-from tests.scenarios.conftest import free_block
+from tests.scenarios.conftest import SERVICES_SCRIPT, free_block
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
 
-SERVICES_SCRIPT = str(Path(settings.BASE_DIR) / "scripts" / "services.sh")
 OFFSETS_TOPIC = "__consumer_offsets"
 
 READ_LAG = """

@@ -23,6 +23,7 @@ from tests.scenarios.limits import (
 
 # Events per scenario in the test suite; the full sizes are `make scenarios`'.
 TEST_EVENTS = int(os.environ.get("SCENARIO_TEST_EVENTS", "2000"))
+SERVICES_SCRIPT = str(Path(settings.BASE_DIR) / "scripts" / "services.sh")
 
 
 def free_block(*, besides: tuple[int, ...] = ()) -> ports.PortBlock:

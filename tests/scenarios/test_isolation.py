@@ -15,12 +15,10 @@ from django.conf import settings
 
 from scenarios import faults, ports
 from scenarios.runner import STOP_TIMEOUT_SECONDS
-from tests.scenarios.conftest import free_block, isolated_env
+from tests.scenarios.conftest import SERVICES_SCRIPT, free_block, isolated_env
 from tests.scenarios.limits import RUN_TIMEOUT_SECONDS, TEST_TIMEOUT_SECONDS
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(TEST_TIMEOUT_SECONDS)]
-
-SERVICES_SCRIPT = str(Path(settings.BASE_DIR) / "scripts" / "services.sh")
 
 
 @pytest.fixture
