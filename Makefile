@@ -43,10 +43,12 @@ BENCH_EVENTS ?= 1000000
 bench-analytics: venv services-up spark-jars
 	$(BIN)/python benchmarks/analytics_bench.py --events $(BENCH_EVENTS)
 
-# Outbox (about 15 minutes): raw producer and relay rates, publish lag under load, then the
-# targets of issue 22: key skew, a held snapshot, WAL per event, one key; in the database
-# <dev db>_bench, recreated each run. BENCH_OUTBOX_ARGS="--only skew --only wal" runs parts;
-# `benchmarks/outbox_bench.py --help` gives the size options for a short run.
+# Outbox (about 35 minutes): raw producer and relay rates, publish lag under load, then the
+# targets of issue 22: key skew, a held snapshot, WAL per event, one key; then issue 42's: the
+# relay beside a writer idle in its transaction (20 of the minutes; PASS/FAIL per target, exit
+# code 1 when one is missed). In the database <dev db>_bench, recreated each run.
+# BENCH_OUTBOX_ARGS="--only skew --only wal" runs parts; `benchmarks/outbox_bench.py --help`
+# gives the size options for a short run.
 # "--tracing" adds to the rates the relay with tracing off and on (events/s, CPU µs/event,
 # their ratios); BENCH_OUTBOX_ARGS="--only rates --tracing" runs only those rates.
 .PHONY: bench-outbox

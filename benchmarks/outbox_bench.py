@@ -1,9 +1,9 @@
 """Outbox benchmark: the relay's rates and publish lag, then key skew, a held snapshot, WAL
-per event and one hot key.
+per event, one hot key and a writer idle in its transaction.
 
     .venv/bin/python benchmarks/outbox_bench.py [--only PART ...] [size options]
 
-Six parts, each a table; --only runs the parts named (repeatable), always in this order:
+Seven parts, each a table; --only runs the parts named (repeatable), always in this order:
   rates     the raw confluent-kafka producer and the relay (outbox.log_relay.LogRelay) in this
             process, plain and transactional, on --events events; with --tracing, also the
             relay with tracing off (opentelemetry-api only, no SDK) and on (the SDK at 100 %
@@ -23,15 +23,26 @@ Six parts, each a table; --only runs the parts named (repeatable), always in thi
             and the vacuum after it) beside a bare single-row insert of the same payload, and
             publish alone against the bare insert in WAL and time;
   one-key   (d) `outbox_relay` at --lag-rate events/s on ONE key for --one-key-seconds.
-All of them (the default) at the default sizes take about a quarter of an hour. A short
-smoke run that proves every part runs:
+  idle-writer
+            (e) issue 42's targets: `outbox_relay` under 800 events/s for
+            --idle-writer-seconds (default 600), with nothing held and with another session
+            idle in a transaction that holds a transaction id (`BEGIN; SELECT
+            pg_current_xact_id();`, as a writer between its first write and its COMMIT), its
+            state and xid read from pg_stat_activity at the start and at the end: events
+            offered and left, publish lag p50/p99, the p99 ratio idle writer / none, then
+            PASS or FAIL for 0 left, p99 <= 100 ms and an idle writer's p99 within 1.5 x;
+            the longest part (two runs of the offer + 10 s).
+All of them (the default) at the default sizes take about 35 minutes. A short smoke run that
+proves every part runs:
 
     .venv/bin/python benchmarks/outbox_bench.py --events 5000 --lag-seconds 5
         --skew-events 10000 --snapshot-seconds 20 --wal-events 500 --one-key-seconds 20
+        --idle-writer-seconds 20
 
 Runs against the real PostgreSQL and Kafka of `make services-up`, in a database of its own
-(`<DATABASE name>_bench`, recreated each run) and topics of its own. Prints its figures;
-asserts nothing: the figures are for a person to read (docs/outbox.md, Benchmark).
+(`<DATABASE name>_bench`, recreated each run) and topics of its own. Prints its figures for a
+person to read (docs/outbox.md, Benchmark); the idle-writer part alone checks targets, and the
+exit code is 1 when one of them is missed.
 """
 
 import argparse
@@ -83,7 +94,7 @@ from benchmarks.tracing import (  # noqa: E402
 BENCH_DATABASE_SUFFIX = "_bench"
 PAYLOAD_BYTES = 1024
 KEYS = 10_000
-PARTS = ("rates", "lag", "skew", "snapshot", "wal", "one-key")
+PARTS = ("rates", "lag", "skew", "snapshot", "wal", "one-key", "idle-writer")
 
 
 def payload(number: int) -> dict:
@@ -811,9 +822,48 @@ def key_skew(count: int, batch_size: int, topics: list[str]) -> None:
         report_drain(drains[keys], reference)
 
 
+@dataclass(frozen=True)
+class HolderActivity:
+    """The holding session's row of pg_stat_activity: its backend's pid, its state, its
+    transaction id (None before it takes one) and the xmin of its snapshot (None between
+    statements of READ COMMITTED), and the age in transactions of each."""
+
+    pid: int
+    state: str
+    backend_xid: str | None
+    backend_xmin: str | None
+    xid_age: int | None
+    xmin_age: int | None
+
+    def __str__(self) -> str:
+        return (
+            f"state '{self.state}', backend_xid {self.backend_xid} (age {self.xid_age}),"
+            f" backend_xmin {self.backend_xmin} (age {self.xmin_age})"
+        )
+
+
+def holder_activity(holder: psycopg.Connection) -> HolderActivity:
+    """Read from this process's connection: a statement of the holder's own would show it
+    'active'."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT pid, state, backend_xid::text, backend_xmin::text, age(backend_xid),
+                   age(backend_xmin)
+            FROM pg_stat_activity WHERE pid = %s
+            """,
+            [holder.info.backend_pid],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return HolderActivity(holder.info.backend_pid, "gone", None, None, None, None)
+    return HolderActivity(*row)
+
+
 @dataclass
-class SnapshotRun:
-    held: bool
+class OfferedRun:
     offered: OfferedLoad
     events: int
     left: int  # not yet published at the end of the offer + 10 s
@@ -821,11 +871,13 @@ class SnapshotRun:
     p50: float
     p99: float
     worst: float
-    never: int  # still not published a minute after the snapshot was released
+    never: int  # still not published a minute after the holder was released
     errors: list[str]
     # The publishers' COMMITs in ms (p50, p99, max), and the lag from their return (p50, p99).
     commit_ms: tuple[float, float, float]
     from_commit: tuple[float, float]
+    # The holder's pg_stat_activity once it holds, and at the end of the offer + 10 s.
+    holder_activity: tuple[HolderActivity, HolderActivity] | None
 
     COMMIT_HEADER = f"{'COMMIT p50':>12}{'p99':>7}{'max':>7}{'from COMMIT p50':>17}{'p99':>7}"
 
@@ -853,6 +905,15 @@ def hold_snapshot(url: str) -> psycopg.Connection:
     return holder
 
 
+def hold_transaction_id(url: str) -> psycopg.Connection:
+    """Another client's writer idle in its transaction after taking a transaction id (as its
+    first write would): READ COMMITTED, so it keeps no snapshot, but its xid stays running,
+    in every snapshot's xip list, until it ends. Closing it rolls it back."""
+    holder = psycopg.connect(url, autocommit=False)
+    holder.execute("SELECT pg_current_xact_id()").fetchone()
+    return holder
+
+
 def relay_output_errors(output: Path) -> list[str]:
     """The lines of a relay's output that tell of an error or a traceback."""
     if not output.exists():
@@ -861,8 +922,9 @@ def relay_output_errors(output: Path) -> list[str]:
     return [line for line in lines if "Traceback" in line or "ERROR" in line or "Error" in line]
 
 
-def measure_snapshot_run(
-    held: bool,
+def measure_offered_run(
+    part: str,
+    hold: Callable[[str], psycopg.Connection] | None,
     rate: int,
     seconds: float,
     url: str,
@@ -870,31 +932,36 @@ def measure_snapshot_run(
     topics: list[str],
     keys: int = KEYS,
     drain_seconds: float = 60,
-) -> SnapshotRun:
+) -> OfferedRun:
     """The long-running relay (`outbox_relay`) in a subprocess, under `rate` events/s on `keys`
-    keys for `seconds`, while another connection holds a snapshot open (or not); the lags are
-    read once all is published or `drain_seconds` after the offer."""
+    keys for `seconds`, while another connection opened by `hold` (hold_snapshot,
+    hold_transaction_id) holds its transaction open, or with nothing held; the lags are read
+    once the holder is released and all is published, or `drain_seconds` after that. The
+    relay's output goes to RELAY_OUTPUT_DIR, in a file named after `part` and the holder."""
     from outbox.models import OutboxEvent
 
     clear_outbox()
     topics.append(create_topic())
     topic = topics[-1]
     command = [sys.executable, "manage.py", "outbox_relay", "--poll-seconds", "1"]
-    output = RELAY_OUTPUT_DIR / f"relay-{'held' if held else 'free'}-{keys}-keys.log"
+    output = RELAY_OUTPUT_DIR / f"relay-{part}-{hold.__name__ if hold else 'nothing'}.log"
     process = start(command, environment, output)
     holder = None
+    holding = activity = None
     try:
         time.sleep(3)
         warm_up(topic)
-        if held:
-            holder = hold_snapshot(url)
+        if hold is not None:
+            holder = hold(url)
+            holding = holder_activity(holder)
         load = Load(time_commits=True)
         offered = offer_load(topic, rate, seconds, keys=keys, load=load)
         offer_ended = time.monotonic()
         time.sleep(max(0.0, offer_ended + 10 - time.monotonic()))
         left = undelivered(topic, "OrderPlaced")
         dead = dead_tuples()
-        if holder is not None:
+        if holder is not None and holding is not None:
+            activity = (holding, holder_activity(holder))
             holder.close()
             holder = None
         p50, p99, worst, never = lag_percentiles(topic, timeout=drain_seconds)
@@ -909,8 +976,7 @@ def measure_snapshot_run(
         if holder is not None:
             holder.close()
         stop(process)
-    return SnapshotRun(
-        held,
+    return OfferedRun(
         offered,
         events,
         left,
@@ -922,7 +988,35 @@ def measure_snapshot_run(
         relay_output_errors(output),
         commit_ms,
         from_commit,
+        activity,
     )
+
+
+def print_offered_runs(heading: str, runs: dict[str, OfferedRun]) -> None:
+    """A table of runs of measure_offered_run, a row for each under its label, then the first
+    error lines of each run's relay output."""
+    width = max(len(heading), *(len(label) for label in runs)) + 2
+    print(
+        f"  {heading:<{width}}{'offered/s':>10}{'events':>9}{'left':>9}"
+        f"{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}{'dead tuples':>13}"
+        f"{OfferedRun.COMMIT_HEADER}"
+    )
+    for label, run in runs.items():
+        notes = []
+        if run.never:
+            notes.append(f"{run.never:,} never published")
+        if run.errors:
+            notes.append(f"{len(run.errors)} error lines in the relay's output")
+        print(
+            f"  {label:<{width}}{run.offered.rate:>10,.0f}"
+            f"{run.events:>9,}{run.left:>9,}{run.p50:>10,.1f}{run.p99:>10,.1f}"
+            f"{run.worst:>10,.1f}{run.dead_tuples:>13,}{run.commit_columns()}"
+            f"  {' '.join(notes)}"
+        )
+    for label, run in runs.items():
+        for line in run.errors[:5]:
+            print(f"  {heading} {label}: {line}")
+    print(f"  (the relay's output: {RELAY_OUTPUT_DIR})")
 
 
 def held_snapshot(
@@ -944,32 +1038,12 @@ def held_snapshot(
     print("   after the snapshot's release; dead tuples of outbox_event at the end + 10 s.")
     print(COMMIT_NOTE, flush=True)
     runs = [
-        measure_snapshot_run(held, rate, seconds, url, environment, topics)
-        for held in (False, True)
+        measure_offered_run("snapshot", hold, rate, seconds, url, environment, topics)
+        for hold in (None, hold_snapshot)
     ]
-    print(
-        f"  {'snapshot':<10}{'offered/s':>10}{'events':>9}{'left':>9}"
-        f"{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}{'dead tuples':>13}"
-        f"{SnapshotRun.COMMIT_HEADER}"
-    )
-    for run in runs:
-        notes = []
-        if run.never:
-            notes.append(f"{run.never:,} never published")
-        if run.errors:
-            notes.append(f"{len(run.errors)} error lines in the relay's output")
-        print(
-            f"  {'held' if run.held else 'none':<10}{run.offered.rate:>10,.0f}"
-            f"{run.events:>9,}{run.left:>9,}{run.p50:>10,.1f}{run.p99:>10,.1f}"
-            f"{run.worst:>10,.1f}{run.dead_tuples:>13,}{run.commit_columns()}"
-            f"  {' '.join(notes)}"
-        )
     free, held = runs
+    print_offered_runs("snapshot", {"none": free, "held": held})
     print(f"  p99 held / free: {held.p99 / free.p99:.2f}")
-    for run in runs:
-        for line in run.errors[:5]:
-            print(f"  snapshot {'held' if run.held else 'none'}: {line}")
-    print(f"  (the relay's output: {RELAY_OUTPUT_DIR})")
 
 
 def one_key_lag(
@@ -985,12 +1059,12 @@ def one_key_lag(
         " the events published within 10 s more."
     )
     print(COMMIT_NOTE, flush=True)
-    run = measure_snapshot_run(
-        False, rate, seconds, url, environment, topics, keys=1, drain_seconds=10
+    run = measure_offered_run(
+        "one-key", None, rate, seconds, url, environment, topics, keys=1, drain_seconds=10
     )
     print(
         f"  {'offered/s':>10}{'events':>9}{'left':>9}"
-        f"{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}{SnapshotRun.COMMIT_HEADER}  never published"
+        f"{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}{OfferedRun.COMMIT_HEADER}  never published"
     )
     print(
         f"  {run.offered.rate:>10,.0f}{run.events:>9,}{run.left:>9,}"
@@ -1000,6 +1074,91 @@ def one_key_lag(
     for line in run.errors[:5]:
         print(f"  {line}")
     print(f"  (the relay's output: {RELAY_OUTPUT_DIR})")
+
+
+# Issue 42: a writer idle in its transaction must not slow the relay.
+IDLE_WRITER_RATE = 800  # events/s offered
+IDLE_WRITER_P99_MS = 100.0
+IDLE_WRITER_P99_RATIO = 1.5  # the idle writer's p99 over the p99 with nothing held, at most
+# Below this share of IDLE_WRITER_RATE the publishers did not offer the load: the lag flatters.
+OFFERED_SHARE = 0.95
+
+
+def idle_writer(seconds: float, url: str, environment: dict[str, str], topics: list[str]) -> bool:
+    """Issue 42's targets side by side: returns whether every one was met."""
+    rate = IDLE_WRITER_RATE
+    print()
+    print(
+        f"(e) idle writer: `outbox_relay --poll-seconds 1` in a subprocess, {rate} events/s on"
+        f" {KEYS:,} keys offered for {seconds:.0f} s"
+    )
+    print(
+        "   (10 events per transaction), (a) with nothing held, (b) with another connection"
+        " idle in a transaction that"
+    )
+    print(
+        "   holds a transaction id throughout (BEGIN; SELECT pg_current_xact_id();); 'left' ="
+        " not published at the end of"
+    )
+    print(
+        "   the offer + 10 s, the writer still idle; lag over all events once published after"
+        " its rollback; dead tuples"
+    )
+    print("   of outbox_event at the end + 10 s.")
+    print(COMMIT_NOTE, flush=True)
+    free, idle = (
+        measure_offered_run("idle-writer", hold, rate, seconds, url, environment, topics)
+        for hold in (None, hold_transaction_id)
+    )
+    print_offered_runs("held", {"(a) nothing": free, "(b) idle xid": idle})
+    assert idle.holder_activity is not None
+    at_start, at_end = idle.holder_activity
+    print(f"  (b)'s writer, backend pid {at_start.pid}, in pg_stat_activity:")
+    print(f"    at the start: {at_start}")
+    print(f"    at the end:   {at_end}")
+    ratio = idle.p99 / free.p99
+    print(f"  p99 (b) / (a): {ratio:.2f}")
+    for label, run in (("(a)", free), ("(b)", idle)):
+        if run.offered.rate < OFFERED_SHARE * rate:
+            print(
+                f"  {label}: the publishers offered {run.offered.rate:,.0f} events/s, under"
+                f" {OFFERED_SHARE:.0%} of {rate}: a busy machine, and its lag flatters"
+            )
+
+    def held_xid(activity: HolderActivity) -> bool:
+        return activity.state == "idle in transaction" and activity.backend_xid is not None
+
+    checks = [
+        (
+            "(b)'s writer idle in transaction with an xid at the start and at the end",
+            held_xid(at_start) and held_xid(at_end),
+            f"start: {at_start}; end: {at_end}",
+        ),
+        *(
+            (f"{label} 0 events left", run.left == 0, f"{run.left:,} left")
+            for label, run in (("(a)", free), ("(b)", idle))
+        ),
+        *(
+            (
+                f"{label} p99 <= {IDLE_WRITER_P99_MS:g} ms",
+                run.p99 <= IDLE_WRITER_P99_MS,
+                f"p99 {run.p99:,.1f} ms",
+            )
+            for label, run in (("(a)", free), ("(b)", idle))
+        ),
+        (
+            f"(b) p99 within {IDLE_WRITER_P99_RATIO:g} x (a)'s",
+            ratio <= IDLE_WRITER_P99_RATIO,
+            f"{ratio:.2f} x",
+        ),
+    ]
+    failed = 0
+    for name, passed, detail in checks:
+        failed += not passed
+        print(f"  {'PASS' if passed else 'FAIL'}  {name}" + ("" if passed else f": {detail}"))
+    missed = f"FAILED ({failed} target{'s' if failed > 1 else ''})"
+    print(f"  idle writer {'passed' if not failed else missed}")
+    return not failed
 
 
 def wal_lsn() -> str:
@@ -1349,6 +1508,12 @@ def main() -> None:
     parser.add_argument(
         "--one-key-seconds", type=float, default=30.0, help="offered load's length (one-key)"
     )
+    parser.add_argument(
+        "--idle-writer-seconds",
+        type=float,
+        default=600.0,
+        help="offered load's length (idle-writer)",
+    )
     parser.add_argument("--keep-database", action="store_true", help="reuse its database")
     parser.add_argument(
         "--tracing",
@@ -1376,6 +1541,7 @@ def main() -> None:
         f" {kafka_settings.BOOTSTRAP_SERVERS}"
     )
     topics: list[str] = []
+    missed = False
     try:
         if "rates" in parts:
             rates(options.events, options.batch_size, topics)
@@ -1391,8 +1557,11 @@ def main() -> None:
             wal_per_event(options.wal_events, options.batch_size, topics)
         if "one-key" in parts:
             one_key_lag(options.lag_rate, options.one_key_seconds, url, environment, topics)
+        if "idle-writer" in parts:
+            missed = not idle_writer(options.idle_writer_seconds, url, environment, topics)
     finally:
         delete_topics(topics)
+    sys.exit(1 if missed else 0)
 
 
 if __name__ == "__main__":

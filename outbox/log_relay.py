@@ -101,7 +101,8 @@ class SentBatch:
     delivered: list[DeliveryRecord]
     failed: list[DeliveryRecord]
     fatal: bool
-    # Failures the producer decided alone, before any broker saw the record.
+    # Failures for good: the producer's own refusals, and the cluster's answers that no retry
+    # of the batch would change (outbox.relay.PERMANENT_RECORD_ERRORS).
     refused: set[uuid.UUID] = field(default_factory=set)
     # The send spans of the events produced, when tracing is on; ended by finish_spans().
     spans: SendSpans | None = None
@@ -194,8 +195,10 @@ class LogRelay:
         are where the next owner starts); one that owns less takes free ones."""
         pid = backend_pid()
         if pid != self.owner_pid:
-            # A new database session: the locks of the old one went with it.
-            self.owned, self.owner_pid = (), pid
+            # A new database session: the locks of the old one went with it. So may the ticks
+            # this relay knows (after a crash of PostgreSQL, a tick not yet on disk is gone and
+            # its id may name another snapshot): they are read again.
+            self.owned, self.owner_pid, self.ticks = (), pid, {}
             relay_join(relay_id=self.relay_id)
         elif time.monotonic() < self.share_checked_at + SHARE_CHECK_SECONDS:
             return
@@ -228,13 +231,22 @@ class LogRelay:
         progressed = bool(held_keys) and self._retry_held(result)
         if progressed:
             held_keys = held_keys_read(shards=self.owned)
+        done_before = self._done_tick_id()
         cursors = []
         for cursor in self.cursors:
             moved, sent_any = self._advance(cursor, held_keys, result)
             progressed = progressed or sent_any
             cursors.append(moved)
         self.cursors = cursors_grouped(cursors)
+        if held_keys and self._done_tick_id() != done_before:
+            # The cursors passed a tick a held head waited for (an operator's replay, for
+            # which tick_take took one in a quiet database): it goes now, not at the next run.
+            progressed = self._retry_held(result) or progressed
         return result, progressed
+
+    def _done_tick_id(self) -> int | None:
+        """The tick every event visible at which this relay's shards are done with."""
+        return min((cursor.tick_id for cursor in self.cursors), default=None)
 
     def _tick(self, tick_id: int) -> Tick:
         tick = self.ticks.get(tick_id)
@@ -259,7 +271,9 @@ class LogRelay:
                     return cursor, False
                 self.ticks = {since.id: since, until.id: until}
             assert until is not None
-            events = batch_read(cursor=cursor, since=since, until=until, limit=self.batch_size)
+            events, span_done = batch_read(
+                cursor=cursor, since=since, until=until, limit=self.batch_size
+            )
             if events:
                 break
             # Kept in memory only: after a restart the relay reads the empty span again, at
@@ -267,14 +281,13 @@ class LogRelay:
             cursor = Cursor(shards=cursor.shards, tick_id=until.id)
         else:
             return cursor, False
-        if len(events) < self.batch_size:
+        if span_done:
             moved = Cursor(shards=cursor.shards, tick_id=until.id)
         else:
             moved = Cursor(
                 shards=cursor.shards,
                 tick_id=since.id,
                 until_tick_id=until.id,
-                txid=events[-1].txid,
                 position=events[-1].position,
             )
         to_send = [event for event in events if (event.topic, event.key) not in held_keys]
@@ -391,13 +404,10 @@ class LogRelay:
     def _retry_held(self, result: LogRunResult) -> bool:
         """Tries the head of each held key that is due; once a head goes, the rest of its key
         follows in order until the next failure. Returns whether anything was tried."""
-        if not self.cursors:
+        done_tick_id = self._done_tick_id()
+        if done_tick_id is None:
             return False
-        due = held_heads_due(
-            shards=self.owned,
-            done_tick_id=min(cursor.tick_id for cursor in self.cursors),
-            limit=HELD_KEYS_PER_STEP,
-        )
+        due = held_heads_due(shards=self.owned, done_tick_id=done_tick_id, limit=HELD_KEYS_PER_STEP)
         tracing = bool(due) and active_tracer() is not None
         for topic, key in due:
             events = held_events_read(topic=topic, key=key, limit=self.batch_size)

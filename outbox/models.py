@@ -67,15 +67,16 @@ class OutboxEvent(models.Model):
     topic = models.CharField(max_length=249)
     key = models.CharField(max_length=255)
     created_at = models.DateTimeField(default=timezone.now)
-    # Creation order from a database sequence: the relay publishes the events of one
-    # (topic, key) strictly in this order, whatever the clocks of the writing processes say.
+    # Write order from a database sequence, drawn at insert: the relay sends the events that
+    # became visible between two of its ticks in this order, whatever the order of their
+    # transaction ids or the clocks of the writing processes (docs/outbox.md, Order per key).
     position = models.BigIntegerField(
         db_default=models.Func(models.Value(POSITION_SEQUENCE), function="nextval"),
         editable=False,
     )
-    # The id of the transaction that wrote the event: the relay reads the events in the order
-    # their transactions became visible, by (transaction_id, position). Events written before
-    # the event-log relay carry 0.
+    # The id of the transaction that wrote the event: the relay finds the events whose
+    # transactions became visible between two ticks by it. Events written before the
+    # event-log relay carry 0.
     transaction_id = TransactionIdField(
         db_column="txid", db_default=models.Func(function="pg_current_xact_id"), editable=False
     )
@@ -216,7 +217,8 @@ class OutboxHeldEvent(models.Model):
     shard = models.SmallIntegerField()
     topic = models.CharField(max_length=249)
     key = models.CharField(max_length=255)
-    # The event's place in commit order: its transaction id, then its position.
+    # The event's place: its transaction id (whether it committed before a tick) and its
+    # position (its place in its key's order).
     transaction_id = models.BigIntegerField()
     position = models.BigIntegerField()
     # Where the event's row is: its own transaction id and position, which the event table's

@@ -29,6 +29,23 @@ logger = logging.getLogger(__name__)
 CONTENT_TYPE = b"application/json"
 # How long to wait for free space in librdkafka's queue before trying to produce again.
 QUEUE_FULL_POLL_SECONDS = 0.05
+# What a broker (or librdkafka, for the cluster) answers for a record that no retry will
+# deliver as long as the topic stays as it is: the topic does not exist (on a cluster that
+# creates none on demand, librdkafka gives up on it after topic.metadata.propagation.max.ms),
+# this principal may not write it, or the record is one the topic refuses. Such a failure holds
+# its key, as a refusal before producing does, and the other keys go on; it is not an outage.
+PERMANENT_RECORD_ERRORS = frozenset(
+    {
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.TOPIC_EXCEPTION,
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.INVALID_RECORD,
+        KafkaError.POLICY_VIOLATION,
+    }
+)
 # Fault-injection tests name a point here to have the relay SIGKILL itself there. Inert
 # unless the variable is set, which only the tests and the scenario runner do.
 FAULT_INJECTION_VARIABLE = "OUTBOX_FAULT_INJECTION"
@@ -76,7 +93,8 @@ class Delivery:
 class DeliveryReports:
     deliveries: dict[uuid.UUID, Delivery] = field(default_factory=dict)
     failures: dict[uuid.UUID, str] = field(default_factory=dict)
-    # Refused by the producer itself (too large, say): no broker was asked, none would take it.
+    # Refused for good: by the producer itself (too large, say), or by the answer of the
+    # cluster (PERMANENT_RECORD_ERRORS). Not an outage: no retry of the batch would help.
     refused: set[uuid.UUID] = field(default_factory=set)
     # Not produced: an earlier event of the same key was refused.
     skipped: set[uuid.UUID] = field(default_factory=set)
@@ -116,6 +134,8 @@ class DeliveryReports:
             )
         else:
             self.failures[event_id] = f"{error.name()}: {error.str()}"
+            if error.code() in PERMANENT_RECORD_ERRORS:
+                self.refused.add(event_id)
 
 
 def produce_all(

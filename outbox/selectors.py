@@ -63,15 +63,14 @@ def outbox_quarantined_keys(*, limit: int = 100) -> list[QuarantinedKey]:
                         ELSE 'PENDING' END,
                    attempts, last_error, next_attempt_at, waiting
             FROM (
-                SELECT topic, key, event_id, attempts, next_attempt_at, last_error,
-                       transaction_id, position,
+                SELECT topic, key, event_id, attempts, next_attempt_at, last_error, position,
                        row_number() OVER per_key AS rank,
                        count(*) OVER (PARTITION BY topic, key) - 1 AS waiting
                 FROM outbox_held_event
-                WINDOW per_key AS (PARTITION BY topic, key ORDER BY transaction_id, position)
+                WINDOW per_key AS (PARTITION BY topic, key ORDER BY position)
             ) AS held
             WHERE rank = 1
-            ORDER BY next_attempt_at NULLS FIRST, attempts DESC, transaction_id, position
+            ORDER BY next_attempt_at NULLS FIRST, attempts DESC, position
             LIMIT %s
             """,
             [limit],

@@ -43,6 +43,8 @@ class LogRecord:
     event_id: str | None
     key: str | None
     seq: int | None
+    # The payload's "version", for events that carry their aggregate's version.
+    version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +295,69 @@ def _check_group(
     return result
 
 
+@dataclass
+class VersionReport:
+    """Kafka's order of each key's events against their aggregate's versions (the payload's
+    "version", 1, 2, 3, ... as the writers incremented it under the aggregate's lock): the
+    log must hold each key's versions in that order, none skipped."""
+
+    keys: int = 0
+    # First copies of events that carry a version; later copies (an at-least-once relay's
+    # re-sends) are left out, as the consumers drop them.
+    records: int = 0
+    # Versions at or below one already seen for their key: reached Kafka after a later one.
+    inversions: int = 0
+    # Versions more than one above the highest seen for their key: one skipped at that point
+    # (it comes later, an inversion, or never).
+    gaps: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.inversions == 0 and self.gaps == 0
+
+    def problems(self) -> list[str]:
+        return [
+            f"{value} {name}"
+            for name, value in (
+                ("version order inversions in the Kafka log", self.inversions),
+                ("versions skipped in the Kafka log", self.gaps),
+            )
+            if value
+        ]
+
+
+def version_check(log: Iterable[LogRecord]) -> VersionReport:
+    """Checks that each key's records, in (partition, offset) order, carry the versions 1, 2,
+    3, ... of their aggregate: Kafka's order per key is the order of the writes."""
+    report = VersionReport()
+    seen: set[str] = set()
+    highest: dict[str, int] = {}
+    for record in sorted(log, key=lambda r: (r.partition, r.offset)):
+        if record.event_id is None or record.key is None or record.version is None:
+            continue
+        if record.event_id in seen:
+            continue
+        seen.add(record.event_id)
+        report.records += 1
+        previous = highest.get(record.key, 0)
+        where = (
+            f"{record.key} v{record.version} after v{previous} "
+            f"at {record.partition}:{record.offset}"
+        )
+        if record.version <= previous:
+            report.inversions += 1
+            if len(report.examples) < EXAMPLES:
+                report.examples.append(f"inversion: {where}")
+        elif record.version != previous + 1:
+            report.gaps += 1
+            if len(report.examples) < EXAMPLES:
+                report.examples.append(f"gap: {where}")
+        highest[record.key] = max(previous, record.version)
+    report.keys = len(highest)
+    return report
+
+
 # --- gathering the rows ------------------------------------------------------------------
 
 
@@ -342,15 +407,22 @@ def _parse(message: Any) -> LogRecord:
     event_id = raw_id.decode(errors="replace") if isinstance(raw_id, bytes) else None
     raw_key = message.key()
     key = raw_key.decode(errors="replace") if raw_key is not None else None
-    seq = None
+    seq = version = None
     try:
         value = json.loads(message.value() or b"null")
         if isinstance(value, dict) and isinstance(value.get("seq"), int):
             seq = value["seq"]
+        if isinstance(value, dict) and isinstance(value.get("version"), int):
+            version = value["version"]
     except (ValueError, UnicodeDecodeError):
         pass
     return LogRecord(
-        partition=message.partition(), offset=message.offset(), event_id=event_id, key=key, seq=seq
+        partition=message.partition(),
+        offset=message.offset(),
+        event_id=event_id,
+        key=key,
+        seq=seq,
+        version=version,
     )
 
 

@@ -1,16 +1,20 @@
 """The scenarios: which processes run, and the fault schedule that strikes while events flow.
 
-Twenty-one must pass (0 lost, 0 duplicate effects, 0 order inversions, nothing stuck); the
+Twenty-two must pass (0 lost, 0 duplicate effects, 0 order inversions, nothing stuck); the
 `broken-*` ones run a deliberately broken consumer or relay and must fail the check, which
 shows the checker can fail."""
 
+import bisect
+import itertools
 import math
 import os
+import random
 import re
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -37,13 +41,14 @@ from outbox.services.nudge import nudge_redis_url
 from outbox.services.partitions import day_start, partition_create, partitions_read
 from outbox.services.retention import outbox_event_log_purge
 from scenarios import faults
+from scenarios.checker import read_log, version_check
 from scenarios.conf import (
     AGGREGATE_TYPE,
     EVENT_TYPE,
     FAILURE_PERCENT_VARIABLE,
     REFUSED_EVENT_VARIABLE,
 )
-from scenarios.models import ScenarioEffect
+from scenarios.models import ScenarioAggregate, ScenarioEffect
 from scenarios.runner import (
     PARTITIONS,
     SESSION_NAME_PREFIX,
@@ -593,24 +598,46 @@ def _event_table_updates() -> int:
         return int(cursor.fetchone()[0])
 
 
-def _session_xmin(pid: int) -> str | None:
+def _session_horizon(pid: int) -> dict[str, Any]:
+    """The session's state, backend_xmin (the snapshot it holds) and backend_xid (the
+    transaction id it holds), from pg_stat_activity; all None when it is gone."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT backend_xmin::text FROM pg_stat_activity WHERE pid = %s", [pid])
+        cursor.execute(
+            "SELECT state, backend_xmin::text, backend_xid::text FROM pg_stat_activity "
+            "WHERE pid = %s",
+            [pid],
+        )
         row = cursor.fetchone()
-    return row[0] if row else None
+    state, xmin, xid = row if row else (None, None, None)
+    return {"state": state, "xmin": xmin, "xid": xid}
 
 
 def _open_snapshot(
-    run: Run, reader: psycopg.Connection, *, read: str = "SELECT count(*) FROM outbox_event"
+    run: Run,
+    reader: psycopg.Connection,
+    *,
+    read: str = "SELECT count(*) FROM outbox_event",
+    take_xid: bool = False,
 ) -> dict[str, Any]:
+    """Opens a REPEATABLE READ transaction on `reader` and reads (its snapshot is taken); with
+    `take_xid`, it then takes a transaction id, as a writer's first write would."""
     reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
     reader.execute(read).fetchone()
+    if take_xid:
+        reader.execute("SELECT pg_current_xact_id()").fetchone()
     pid = reader.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
-    return {"pid": pid, "xmin": _session_xmin(pid), "published": _published_count(run)}
+    horizon = _session_horizon(pid)
+    return {
+        "pid": pid,
+        "xmin": horizon["xmin"],
+        "xid": horizon["xid"],
+        "published": _published_count(run),
+    }
 
 
 def _close_snapshot(run: Run, reader: psycopg.Connection, opened: dict[str, Any]) -> dict:
-    closing = {"xmin": _session_xmin(opened["pid"]), "published": _published_count(run)}
+    horizon = _session_horizon(opened["pid"])
+    closing = {"xmin": horizon["xmin"], "xid": horizon["xid"], "published": _published_count(run)}
     reader.execute("ROLLBACK")
     return closing
 
@@ -1086,20 +1113,19 @@ def _latest_tick() -> Tick:
 
 
 def _batch_read_ms(since: Tick, until: Tick) -> tuple[float, int]:
-    """The relay's batch read (the events committed between two ticks, in commit order, up to
-    a batch) of the span since `since`, timed: the median of BATCH_READ_PROBES reads in
+    """The relay's batch read (the events committed between two ticks, in position order, up
+    to a batch) of the span since `since`, timed: the median of BATCH_READ_PROBES reads in
     milliseconds, and the events one read returned."""
     times, events = [], 0
     for _ in range(BATCH_READ_PROBES):
         began = time.perf_counter()
-        events = len(
-            batch_read(
-                cursor=Cursor(shards=ALL_SHARDS, tick_id=since.id),
-                since=since,
-                until=until,
-                limit=outbox_settings.BATCH_SIZE,
-            )
+        found, _ = batch_read(
+            cursor=Cursor(shards=ALL_SHARDS, tick_id=since.id),
+            since=since,
+            until=until,
+            limit=outbox_settings.BATCH_SIZE,
         )
+        events = len(found)
         times.append((time.perf_counter() - began) * 1000)
     return statistics.median(times), events
 
@@ -1164,11 +1190,7 @@ def _retention_run() -> dict[str, Any]:
 
 
 def _idle_sample(run: Run, pid: int, since: Tick, since_at: datetime) -> dict[str, Any]:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT state, backend_xmin::text FROM pg_stat_activity WHERE pid = %s", [pid]
-        )
-        row = cursor.fetchone()
+    horizon = _session_horizon(pid)
     until = _latest_tick()
     read_ms, read_events = _batch_read_ms(since, until)
     return {
@@ -1176,8 +1198,12 @@ def _idle_sample(run: Run, pid: int, since: Tick, since_at: datetime) -> dict[st
         # What the consumers applied so far: the held snapshot keeps the dead row versions of
         # the inbox's updates, which its look-ups then walk.
         "applied": ScenarioEffect.objects.filter(consumer_group=run.group).count(),
-        "state": row[0] if row else None,
-        "xmin": row[1] if row else None,
+        "state": horizon["state"],
+        "xmin": horizon["xmin"],
+        "xid": horizon["xid"],
+        # Every tick's snapshot starts at or below the held transaction id: the relay's batch
+        # reads and ticks walk the event index from there.
+        "tick_xmin": until.snapshot.split(":")[0],
         "tick": until,
         "batch_read_ms": round(read_ms, 2),
         "batch_read_events": read_events,
@@ -1194,12 +1220,17 @@ def _idle_transaction(run: Run) -> None:
     with _own_session(application_name=f"{SESSION_NAME_PREFIX}idle-transaction") as idle:
         run.sleep(2)
         opened = run.fault(
-            "transaction left idle in transaction (REPEATABLE READ, after a read)",
-            partial(_open_snapshot, run, idle, read=IDLE_READ),
+            "transaction left idle in transaction (REPEATABLE READ, after a read, holding a "
+            "transaction id)",
+            partial(_open_snapshot, run, idle, read=IDLE_READ, take_xid=True),
         )
-        xmin = opened.result["xmin"]
-        opened.detail = f"backend {opened.result['pid']}, xmin {xmin}"
-        run.verify(opened, seen=xmin is not None, effect="the session holds a backend_xmin")
+        xmin, xid = opened.result["xmin"], opened.result["xid"]
+        opened.detail = f"backend {opened.result['pid']}, xmin {xmin}, xid {xid}"
+        run.verify(
+            opened,
+            seen=xmin is not None and xid is not None,
+            effect="the session holds a backend_xmin and a backend_xid",
+        )
         since, since_at = _latest_tick(), timezone.now()
         for number in range(1, IDLE_SAMPLES + 1):
             run.sleep(max(0.0, opened.ended + hold * number / IDLE_SAMPLES - time.monotonic()))
@@ -1212,15 +1243,18 @@ def _idle_transaction(run: Run) -> None:
             sample = sampled.result
             since, since_at = sample.pop("tick"), sample["at"]
             sampled.detail = (
-                f"{sample['state']}, xmin {sample['xmin']}; batch read {sample['batch_read_ms']} "
+                f"{sample['state']}, xmin {sample['xmin']}, xid {sample['xid']}, tick's xmin "
+                f"{sample['tick_xmin']}; batch read {sample['batch_read_ms']} "
                 f"ms ({sample['batch_read_events']} events); event table "
                 f"{sample['table']['bytes']:,} bytes, {sample['table']['dead_tuples']} dead "
                 f"tuples; retention {sample['retention']['partitions']} partitions dropped"
             )
             run.verify(
                 sampled,
-                seen=sample["state"] == "idle in transaction" and sample["xmin"] == xmin,
-                effect=f"pg_stat_activity: the session idle in transaction, backend_xmin {xmin}",
+                seen=(sample["state"], sample["xmin"], sample["xid"])
+                == ("idle in transaction", xmin, xid),
+                effect=f"pg_stat_activity: the session idle in transaction, backend_xmin {xmin}, "
+                f"backend_xid {xid}",
             )
             samples.append(sample)
         closed = run.fault(
@@ -1228,11 +1262,12 @@ def _idle_transaction(run: Run) -> None:
             partial(_close_snapshot, run, idle, opened.result),
             check=True,
         )
-        closed.detail = f"xmin {closed.result['xmin']}"
+        closed.detail = f"xmin {closed.result['xmin']}, xid {closed.result['xid']}"
         run.verify(
             closed,
-            seen=closed.result["xmin"] == xmin,
-            effect="the snapshot held until the close (the same backend_xmin)",
+            seen=(closed.result["xmin"], closed.result["xid"]) == (xmin, xid),
+            effect="the snapshot and the transaction id held until the close (the same "
+            "backend_xmin and backend_xid)",
         )
     run.extra["snapshot"] = {
         "opened": opened.result,
@@ -1293,6 +1328,141 @@ def _check_idle_transaction(run: Run) -> None:
             for number, s in enumerate(samples, 1)
         ),
     ]
+
+
+# 20: writers that take their transaction id before the aggregate's lock ------------------
+
+# Few aggregates (the keys), many writers: each aggregate's row lock has a queue.
+LATE_LOCK_KEYS = 6
+LATE_LOCK_WRITERS = 12
+# A writer's pause (uniform, up to this) between taking its transaction id and asking for the
+# aggregate's lock: another writer that starts later may take the lock first. Then, once it
+# holds the lock, a pause up to LATE_LOCK_HOLD_SECONDS before its commit, so that writers
+# queue behind it; each runs as soon as the one before commits, in the same span of the relay
+# mostly (a span is read between two ticks, taken by the relay as it goes).
+LATE_LOCK_GAP_SECONDS = 0.02
+LATE_LOCK_HOLD_SECONDS = 0.003
+
+
+def _late_lock_start(run: Run, *, broken_relay: bool = False) -> None:
+    """The run's aggregates, each at version 0, then a relay (the real one, or with
+    `broken_relay` one that sends each batch in transaction-id order) and two consumers."""
+    ScenarioAggregate.objects.bulk_create(
+        [ScenarioAggregate(run=run.run_id, key=f"k{index}") for index in range(run.keys)]
+    )
+    if broken_relay:
+        _relay_of_scenario_broken(run, variant="log-relay-txid-order", env={"SCENARIO_BROKEN": "1"})
+    else:
+        _standard(run)
+
+
+def _late_lock_write(run: Run, writer: int, seconds: float) -> None:
+    """One writer (Scenario.write): its share of the run's events, one transaction each, on an
+    aggregate drawn at random. Each transaction takes its transaction id first (as a write to
+    another table would), pauses, locks the aggregate's row, increments its version and
+    publishes an event carrying it, then commits. The event's position comes from a sequence
+    at its insert, under the lock: on each key it follows the versions; the transaction ids
+    do not."""
+    draw = random.Random(run.random.random() + writer)
+    numbers = range(writer, run.events, run.scenario.writers)
+    started = time.monotonic()
+    for index, number in enumerate(numbers):
+        ahead = started + seconds * index / len(numbers) - time.monotonic()
+        if ahead > 0:
+            time.sleep(ahead)
+        key = f"k{draw.randrange(run.keys)}"
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_current_xact_id()")
+            time.sleep(draw.uniform(0, LATE_LOCK_GAP_SECONDS))
+            aggregate = ScenarioAggregate.objects.select_for_update().get(run=run.run_id, key=key)
+            aggregate.version += 1
+            aggregate.save(update_fields=["version"])
+            outbox.publish(
+                aggregate_type=AGGREGATE_TYPE,
+                aggregate_id=key,
+                event_type=EVENT_TYPE,
+                # "seq" is the version too: the delivery checker's order check, and the
+                # consumers' effects, follow it.
+                payload={"version": aggregate.version, "seq": aggregate.version, "n": number},
+                topic=run.topic,
+            )
+            time.sleep(draw.uniform(0, LATE_LOCK_HOLD_SECONDS))
+        run.committed()
+
+
+def _visible(txid: int, snapshot: str) -> bool:
+    """Whether a transaction committed before `snapshot` (pg_snapshot's text, xmin:xmax:xip):
+    pg_visible_in_snapshot for a transaction that did commit."""
+    xmin, xmax, running = snapshot.split(":")
+    return txid < int(xmin) or (
+        txid < int(xmax) and str(txid) not in (running.split(",") if running else [])
+    )
+
+
+def _late_lock_pairs(run: Run) -> dict[str, int]:
+    """Of each key's consecutive versions (v, v + 1), the pairs whose transaction ids are in
+    the other order (the writer of v + 1 took its id first, and the lock last), and of those
+    the pairs that first became visible at the same tick of the relay, so in one span that
+    the relay read: a relay sending a span in transaction-id order sends v + 1 first."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT snapshot::text FROM outbox_tick ORDER BY id")
+        ticks = [snapshot for (snapshot,) in cursor.fetchall()]
+        cursor.execute(
+            """
+            SELECT key, (payload->>'version')::bigint, txid::text FROM outbox_event
+            WHERE topic = %s ORDER BY key, 2
+            """,
+            [run.topic],
+        )
+        rows = [(key, version, int(txid)) for key, version, txid in cursor.fetchall()]
+
+    def first_tick(txid: int) -> int:
+        # The ticks' snapshots only grow (one relay takes them one after the other): the
+        # first that sees the transaction is found by bisection.
+        return bisect.bisect_left(range(len(ticks)), True, key=lambda i: _visible(txid, ticks[i]))
+
+    pairs = late = in_one_span = 0
+    for (key, version, txid), (next_key, next_version, next_txid) in itertools.pairwise(rows):
+        if next_key != key or next_version != version + 1:
+            continue
+        pairs += 1
+        if next_txid < txid:
+            late += 1
+            in_one_span += first_tick(txid) == first_tick(next_txid)
+    return {"pairs": pairs, "late_lockers": late, "late_lockers_in_one_span": in_one_span}
+
+
+def _check_late_lock(run: Run) -> None:
+    """Kafka's order of each key is its versions' (the checker's version step, on the whole
+    log); the aggregates' versions count every event written; and the fault happened: writers
+    of one key committed between the same two ticks in the other order than their
+    transaction ids'."""
+    log, complete = read_log(topic=run.topic)
+    versions = version_check(log)
+    run.extra["version_order"] = {**asdict(versions), "log_complete": complete}
+    run.extra_problems.extend(versions.problems())
+    aggregates = dict(
+        ScenarioAggregate.objects.filter(run=run.run_id).values_list("key", "version")
+    )
+    run.extra["aggregate_versions"] = aggregates
+    if sum(aggregates.values()) != run.events:
+        run.extra_problems.append(
+            f"the aggregates' versions add up to {sum(aggregates.values())}, not the "
+            f"{run.events} events written"
+        )
+    run.extra["late_lock"] = late = _late_lock_pairs(run)
+    run.extra["summary"] = [
+        f"{late['late_lockers']} of {late['pairs']} consecutive versions of a key written in "
+        f"the other order than their transaction ids, {late['late_lockers_in_one_span']} of "
+        f"them committed between the same two ticks; in the log: {versions.inversions} version "
+        f"inversions, {versions.gaps} gaps over {versions.records} events of {versions.keys} keys"
+    ]
+    if not late["late_lockers_in_one_span"]:
+        run.extra_problems.append(
+            "no two writers of a key committed between the same two ticks in the other order "
+            f"than their transaction ids: the run proved nothing ({late})"
+        )
 
 
 # Broken variants ------------------------------------------------------------------------
@@ -1679,6 +1849,20 @@ SCENARIOS: dict[str, Scenario] = {
             after=_check_idle_transaction,
         ),
         Scenario(
+            "late-lock-writers",
+            f"{LATE_LOCK_WRITERS} writers on {LATE_LOCK_KEYS} aggregates, each taking its "
+            "transaction id before the aggregate's lock",
+            True,
+            _late_lock_start,
+            _no_faults,
+            production_seconds=200,
+            min_production_seconds=10,
+            keys=LATE_LOCK_KEYS,
+            write=_late_lock_write,
+            writers=LATE_LOCK_WRITERS,
+            after=_check_late_lock,
+        ),
+        Scenario(
             "refused-event",
             "Event-log relay, an event refused once by the producer holds its key",
             False,
@@ -1720,6 +1904,21 @@ SCENARIOS: dict[str, Scenario] = {
             _no_faults,
             production_seconds=5,
             keys=FEW_KEYS,
+            expect_fail=True,
+        ),
+        Scenario(
+            "broken-log-relay-txid-order",
+            "BROKEN event-log relay: each batch sent in transaction-id order, under "
+            "late-lock writers",
+            True,
+            partial(_late_lock_start, broken_relay=True),
+            _no_faults,
+            production_seconds=200,
+            min_production_seconds=10,
+            keys=LATE_LOCK_KEYS,
+            write=_late_lock_write,
+            writers=LATE_LOCK_WRITERS,
+            after=_check_late_lock,
             expect_fail=True,
         ),
         Scenario(

@@ -24,3 +24,21 @@ class ScenarioEffect(models.Model):
 
     def __str__(self) -> str:
         return f"{self.consumer_group} {self.key}#{self.seq} ({self.event_id})"
+
+
+class ScenarioAggregate(models.Model):
+    """An aggregate of the late-lock-writers scenario: its version, which every writer
+    increments under the row's lock and publishes with the event (one row per run and key)."""
+
+    run = models.CharField(max_length=64)
+    key = models.CharField(max_length=255)
+    version = models.BigIntegerField(default=0)
+
+    class Meta:
+        db_table = "scenario_aggregate"
+        constraints = (
+            models.UniqueConstraint(fields=("run", "key"), name="scenario_aggregate_run_key"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.run} {self.key} v{self.version}"

@@ -643,7 +643,7 @@ class Run:
             self._schedule.notify_all()
 
         def committed() -> bool:
-            return self._commits != seen or self._writers_finished >= WRITERS
+            return self._commits != seen or self._writers_finished >= self.scenario.writers
 
         return committed
 
@@ -704,10 +704,12 @@ class Run:
         return not planned or written <= (steps + 1) / (planned + 1)
 
     def _write(self, writer: int, seconds: float, poison: int) -> None:
-        """One writer: the events of the keys k with k % WRITERS == writer, in order. One
+        """One writer: the events of the keys k with k % writers == writer, in order. One
         writer per key keeps each key's events in the order of their sequence numbers."""
         try:
-            numbers = [n for n in range(self.events) if (n % self.keys) % WRITERS == writer]
+            numbers = [
+                n for n in range(self.events) if (n % self.keys) % self.scenario.writers == writer
+            ]
             # Small runs write smaller transactions, so that events keep flowing between
             # faults rather than in a few bursts.
             most = self.scenario.events_per_transaction
@@ -728,8 +730,7 @@ class Run:
                     self._writers_finished -= last
                 waited += _now() - waiting
                 self._publish_batch(batch)
-                with self._schedule:
-                    self._commits += 1
+                self.committed()
                 done = first + len(batch)
                 while poison_producer and poisoned < poison * done // len(numbers):
                     _produce_poison(poison_producer, self.topic, poisoned, self.keys)
@@ -755,15 +756,36 @@ class Run:
                 self._writers_finished += 1
             connection.close()
 
+    def committed(self) -> None:
+        """Counts a transaction a writer committed (what `after_next_commit` watches)."""
+        with self._schedule:
+            self._commits += 1
+
+    def _write_own(self, writer: int, seconds: float, poison: int) -> None:
+        """One writer of a scenario that writes its events itself (Scenario.write), with the
+        bookkeeping of the runner's own writers."""
+        write = self.scenario.write
+        assert write is not None
+        try:
+            write(self, writer, seconds)
+        except BaseException as error:
+            self.production_error = error
+            raise
+        finally:
+            with self._schedule:
+                self._writers_finished += 1
+            connection.close()
+
     def _produce(self, seconds: float, poison: int) -> None:
+        target = self._write if self.scenario.write is None else self._write_own
         writers = [
             threading.Thread(
-                target=self._write,
+                target=target,
                 args=(writer, seconds, poison if writer == 0 else 0),
                 name=f"writer-{writer}",
                 daemon=True,
             )
-            for writer in range(WRITERS)
+            for writer in range(self.scenario.writers)
         ]
         for thread in writers:
             thread.start()
@@ -1108,6 +1130,12 @@ class Scenario:
     min_production_seconds: float = 0.0
     # The most events a writer's transaction holds (smaller in small runs, see Run._write).
     events_per_transaction: int = EVENTS_PER_TRANSACTION
+    # The scenario's own writer, in place of the runner's (Run._write): run in each of
+    # `writers` threads as write(run, writer, seconds), it writes that thread's share of the
+    # run's events, spread over `seconds`, and calls run.committed() after each commit. It
+    # writes no poison and keeps no pace with a fault schedule: for scenarios without one.
+    write: Callable[["Run", int, float], None] | None = None
+    writers: int = WRITERS
 
     def full_events(self) -> int:
         return 20_000 if self.heavy else 100_000

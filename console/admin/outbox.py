@@ -359,7 +359,7 @@ class OutboxEventAdmin(DeliveryAdmin):
         head = (
             # The shard too: the held set's index of a key's order begins with it.
             OutboxHeldEvent.objects.filter(shard=held.shard, topic=held.topic, key=held.key)
-            .order_by("transaction_id", "position")
+            .order_by("position")
             .only("event_id")
             .first()
         )

@@ -2,10 +2,12 @@
 and held keys. Nothing here updates or deletes an event row.
 
 An event carries the id of the transaction that wrote it (`txid`, set by PostgreSQL at insert).
-A tick records a transaction snapshot. The events between tick A and the next tick B are those
-whose transaction had ended when B was taken but not when A was: the events that became
-visible between the two ticks, found by an index range walk that no long-running read, dead
-row or key pattern slows down. A cursor says how far each shard went, as an appended row.
+A tick records a transaction snapshot. The events between tick A and the next tick B (a span)
+are those whose transaction had ended when B was taken but not when A was: the events that
+became visible between the two ticks, found by short index walks that no long-running read or
+write, dead row or key pattern slows down. Spans go in the order of their ticks, the events of
+a span in position order (batch_read). A cursor says how far each shard went, as an appended
+row.
 """
 
 import json
@@ -30,6 +32,8 @@ SHARD_LOCK_CLASS = 0x6F62_7478
 # The first key of the advisory lock each running relay holds while it runs: the relays count
 # each other by these locks, to share the shards.
 RELAY_LOCK_CLASS = SHARD_LOCK_CLASS + 1
+# The advisory lock a relay takes for the moment it takes a tick (tick_take).
+TICK_LOCK_CLASS = SHARD_LOCK_CLASS + 2
 SHARD_SQL = f"mod(hashtext({{key}}) & 2147483647, {SHARD_COUNT})"
 # Where Django's connection keeps its database connection and that one's session process id.
 BACKEND_PID_ATTRIBUTE = "outbox_backend_pid"
@@ -45,12 +49,11 @@ class Tick:
 class Cursor:
     """How far a group of shards went: every event visible at tick `tick_id` is done, and of
     those that became visible between it and tick `until_tick_id` (when set), the ones up to
-    (txid, position) in commit order."""
+    `position`: a span is sent in position order (batch_read)."""
 
     shards: tuple[int, ...]
     tick_id: int
     until_tick_id: int | None = None
-    txid: int = 0
     position: int = 0
 
 
@@ -170,7 +173,13 @@ def backend_pid() -> int:
 
 
 def cursors_read(*, shards: Sequence[int]) -> list[Cursor]:
-    """The latest cursor of each shard, shards at the same place grouped into one cursor."""
+    """The latest cursor of each shard, shards at the same place grouped into one cursor.
+
+    A cursor inside a span records its place as a position with the txid 0. One with another
+    txid was recorded by a version that sent a span in transaction order, up to (txid,
+    position): its place says nothing of position order, so its span is sent again from the
+    start (the copies reach consumers as redeliveries, which the inbox drops). The txid 0 makes
+    such a version read a cursor of this one the same way, never past an event not sent."""
     with connection.cursor() as cursor:
         cursor.execute(
             """
@@ -190,8 +199,7 @@ def cursors_read(*, shards: Sequence[int]) -> list[Cursor]:
             shards=(shard,),
             tick_id=tick_id,
             until_tick_id=until_tick_id,
-            txid=int(txid),
-            position=position,
+            position=position if txid == "0" else 0,
         )
         for shard, tick_id, until_tick_id, txid, position in rows
     )
@@ -199,19 +207,18 @@ def cursors_read(*, shards: Sequence[int]) -> list[Cursor]:
 
 def cursors_grouped(cursors: Iterable[Cursor]) -> list[Cursor]:
     """One cursor for all the shards whose cursors are at the same place."""
-    places: dict[tuple[int, int | None, int, int], list[int]] = {}
+    places: dict[tuple[int, int | None, int], list[int]] = {}
     for cursor in cursors:
-        place = (cursor.tick_id, cursor.until_tick_id, cursor.txid, cursor.position)
+        place = (cursor.tick_id, cursor.until_tick_id, cursor.position)
         places.setdefault(place, []).extend(cursor.shards)
     return [
         Cursor(
             shards=tuple(sorted(shards)),
             tick_id=tick_id,
             until_tick_id=until_tick_id,
-            txid=txid,
             position=position,
         )
-        for (tick_id, until_tick_id, txid, position), shards in places.items()
+        for (tick_id, until_tick_id, position), shards in places.items()
     ]
 
 
@@ -235,7 +242,8 @@ def tick_latest_after(*, tick_id: int) -> Tick | None:
 
 def tick_take(*, after: Tick) -> Tick | None:
     """Records the current snapshot as a tick if an event committed since tick `after` (the
-    latest the relay knows); returns the new tick, or None when there is nothing new to read.
+    latest the relay knows), or an operator's replay did; returns the new tick, or None when
+    there is nothing new to read.
 
     The snapshot goes in as a constant: joined from the tick table instead, the planner could
     not bound the walk of the txid index by it and read the whole event table at every tick.
@@ -243,7 +251,19 @@ def tick_take(*, after: Tick) -> Tick | None:
     statistics yet (a new day's partition before autovacuum first analyzes it, up to a minute)
     the planner scans the whole partition instead, at every tick (6 ms at 10,000 events in
     bench-outbox's one-key run), or with sequential scans off, builds a bitmap of the whole
-    range of the index first.
+    range of the index first. As in a span's read (_SPAN_SQL), an event committed since `after`
+    is looked for after its xmax and among the transactions it saw running that have ended,
+    never from its xmin: a transaction held open would make every tick walk all that committed
+    since it began.
+
+    A replayed event is held with the id of the replaying transaction and goes once a tick
+    shows that transaction ended (held_heads_due): with no event published meanwhile, that tick
+    is taken for it here.
+
+    Relays take ticks one at a time (an advisory lock held until the tick commits, taken
+    before its snapshot): a tick's id is drawn after its snapshot, and two relays taking ticks
+    at once could otherwise commit a higher id with the older snapshot, and a cursor moving
+    from one to the other would read a span again.
 
     A tick need not reach the disk before the relay reads by it, so its commit does not wait
     for the WAL flush: the cursor that names it commits later, waiting for the flush of the WAL
@@ -255,70 +275,156 @@ def tick_take(*, after: Tick) -> Tick | None:
         settings["synchronous_commit"] = "off"
     rows = _fetch_with_settings(
         settings,
-        """
+        # Its own statement before the insert: in READ COMMITTED the insert's snapshot is taken
+        # when the insert starts, once the lock is held.
+        f"""
+        SELECT pg_advisory_xact_lock({TICK_LOCK_CLASS}, 0);
         INSERT INTO outbox_tick (snapshot)
         SELECT pg_current_snapshot()
         WHERE EXISTS (
             SELECT 1 FROM outbox_event AS event
-            WHERE event.txid >= pg_snapshot_xmin(%(after)s::pg_snapshot)
-              AND NOT pg_visible_in_snapshot(event.txid, %(after)s::pg_snapshot)
+            WHERE event.txid >= pg_snapshot_xmax(%(after)s::pg_snapshot)
+        ) OR EXISTS (
+            SELECT 1 FROM outbox_event AS event
+            WHERE event.txid = ANY(ARRAY(
+                SELECT running FROM pg_snapshot_xip(%(after)s::pg_snapshot) AS running
+                WHERE pg_visible_in_snapshot(running, pg_current_snapshot())))
+        ) OR EXISTS (
+            SELECT 1 FROM outbox_held_event AS held
+            WHERE held.attempts = 0 AND held.next_attempt_at IS NULL
+              AND NOT pg_visible_in_snapshot(held.transaction_id::text::xid8,
+                                             %(after)s::pg_snapshot)
         )
         RETURNING id, snapshot::text
-        """,
+        """,  # noqa: S608 (constants; values are parameters)
         {"after": after.snapshot},
     )
     return Tick(id=rows[0][0], snapshot=rows[0][1]) if rows else None
 
 
-# The events that became visible between two ticks, after the cursor, in commit order (by
-# transaction, then position). The walk of outbox_event_txid_idx starts at the cursor or at
-# the oldest transaction running at the first tick, and stops at the batch size.
-_BATCH_SQL = """
-SELECT event.id, event.aggregatetype, event.aggregateid, event.type, event.payload::text,
-       event.headers, event.topic, event.key, event.created_at, event.txid::text,
-       event.position, {shard} AS shard
+# The columns of an event as the relay sends it, from `event` (and `shard` as SHARD_SQL's).
+_EVENT_COLUMNS = """
+event.id, event.aggregatetype, event.aggregateid, event.type, event.payload::text,
+event.headers, event.topic, event.key, event.created_at, event.txid::text, event.position,
+{shard} AS shard"""
+
+# The events of a span: those whose transaction ended between tick `since` and tick `until`.
+# A transaction is not visible in `since` when it began after it (txid >= its xmax) or was
+# running then (its xip list); each part is a short walk of outbox_event_txid_idx. What
+# committed before `since` is never walked: a writer that keeps a transaction open (an xid
+# held, pinning every snapshot's xmin) does not make every read walk again all that committed
+# since it began. Of the xids running at `since`, only those that have ended by `until` are
+# looked up: an open transaction's own uncommitted rows are not walked at every span.
+_SPAN_SQL = """
+SELECT {columns}
 FROM outbox_event AS event
-WHERE event.txid >= pg_snapshot_xmin(%(since)s::pg_snapshot)
+WHERE event.txid >= pg_snapshot_xmax(%(since)s::pg_snapshot)
   AND event.txid < pg_snapshot_xmax(%(until)s::pg_snapshot)
-  AND (event.txid, event.position) > (%(txid)s::xid8, %(position)s)
-  AND NOT pg_visible_in_snapshot(event.txid, %(since)s::pg_snapshot)
   AND pg_visible_in_snapshot(event.txid, %(until)s::pg_snapshot)
   {shard_filter}
-ORDER BY event.txid, event.position
-LIMIT %(limit)s
+UNION ALL
+SELECT {columns}
+FROM outbox_event AS event
+WHERE event.txid = ANY(ARRAY(
+        SELECT running FROM pg_snapshot_xip(%(since)s::pg_snapshot) AS running
+        WHERE pg_visible_in_snapshot(running, %(until)s::pg_snapshot)))
+  {shard_filter}
 """
 
+# A span larger than a batch is sent from a table of this session (no WAL, gone with the
+# session) that lists its events' places in position order, filled once per span: sorting
+# the span again for each batch would read it whole each time. Each batch reads the next
+# places and each one's row through the event table's index in the partition of its day.
+SPAN_TABLE = "outbox_relay_span"
+# Which span the session's table holds: (database connection, since, until, shards), kept on
+# Django's connection like BACKEND_PID_ATTRIBUTE. A new connection has a table of its own.
+SPAN_ATTRIBUTE = "outbox_relay_span"
 
-def batch_read(*, cursor: Cursor, since: Tick, until: Tick, limit: int) -> list[LogEvent]:
+_SPAN_TABLE_CREATE = (
+    f"CREATE TEMPORARY TABLE IF NOT EXISTS {SPAN_TABLE} "
+    "(position bigint NOT NULL, txid xid8 NOT NULL, created_at timestamptz NOT NULL)",
+    f"CREATE INDEX IF NOT EXISTS {SPAN_TABLE}_position_idx ON {SPAN_TABLE} (position)",
+)
+
+_SPAN_TABLE_BATCH_SQL = f"""
+SELECT {{columns}}
+FROM (
+    SELECT position, txid, created_at FROM {SPAN_TABLE}
+    WHERE position > %(position)s ORDER BY position LIMIT %(limit)s
+) AS place
+CROSS JOIN LATERAL (
+    SELECT * FROM outbox_event AS event
+    WHERE event.txid = place.txid AND event.position = place.position
+      AND event.created_at = place.created_at
+) AS event
+ORDER BY place.position
+"""  # noqa: S608 (constants only)
+
+
+def batch_read(
+    *, cursor: Cursor, since: Tick, until: Tick, limit: int
+) -> tuple[list[LogEvent], bool]:
+    """The next events of the span between ticks `since` and `until` after `cursor`, up to
+    `limit`, in position order; and whether they are the last of the span.
+
+    Position order is the order in which the events were written (a sequence drawn at insert).
+    Within a span it is commit order for writers that serialize on the key (a transaction that
+    takes the aggregate's lock before it publishes), whatever order their transaction ids came
+    in: a transaction gets its id at its first write, which may precede the lock. Across spans
+    the order is the spans' own, which is commit order."""
     shard = SHARD_SQL.format(key="event.key")
     shard_filter = "" if cursor.shards == ALL_SHARDS else f"AND {shard} = ANY(%(shards)s)"
-    # The planner estimates the range of one transaction id at a row or so. With the day
-    # partitions it would then read every event of the range from each partition and sort
-    # them (a transaction of 100,000 events read whole for each batch) rather than merge the
-    # partitions' index walks, which stop at the batch size.
-    rows = _fetch_with_settings(
-        {"enable_sort": "off"},
-        _BATCH_SQL.format(shard=shard, shard_filter=shard_filter),
-        {
-            "since": since.snapshot,
-            "until": until.snapshot,
-            "txid": str(cursor.txid),
-            "position": cursor.position,
-            "shards": list(cursor.shards),
-            "limit": limit,
-        },
-    )
-    return [_log_event(row) for row in rows]
+    params: dict[str, Any] = {
+        "since": since.snapshot,
+        "until": until.snapshot,
+        "shards": list(cursor.shards),
+        "position": cursor.position,
+        "limit": limit,
+    }
+    columns = _EVENT_COLUMNS.format(shard=shard)
+    if cursor.until_tick_id is None:
+        # Most spans fit in a batch: read whole, and ordered here.
+        rows = _fetch(
+            _SPAN_SQL.format(columns=columns, shard_filter=shard_filter) + "LIMIT %(limit)s + 1",
+            params,
+        )
+        if len(rows) <= limit:
+            return sorted((_log_event(row) for row in rows), key=_by_position), True
+    span = (connection.connection, since.id, until.id, cursor.shards)
+    if getattr(connection, SPAN_ATTRIBUTE, None) != span:
+        places = _SPAN_SQL.format(
+            columns="event.position, event.txid, event.created_at", shard_filter=shard_filter
+        )
+        with transaction.atomic(), connection.cursor() as db:
+            for statement in _SPAN_TABLE_CREATE:
+                db.execute(statement)
+            db.execute(f"TRUNCATE {SPAN_TABLE}")
+            db.execute(f"INSERT INTO {SPAN_TABLE} (position, txid, created_at) {places}", params)
+            db.execute(f"ANALYZE {SPAN_TABLE}")
+        setattr(connection, SPAN_ATTRIBUTE, span)
+    rows = _fetch(_SPAN_TABLE_BATCH_SQL.format(columns=columns), params)
+    return [_log_event(row) for row in rows], len(rows) < limit
+
+
+def _by_position(event: "LogEvent") -> int:
+    return event.position
+
+
+def _fetch(sql: str, params: Mapping[str, Any]) -> list[tuple]:
+    with connection.cursor() as db:
+        db.execute(sql, params)
+        return db.fetchall()
 
 
 def _fetch_with_settings(
     settings: Mapping[str, str], sql: str, params: Mapping[str, Any]
 ) -> list[tuple]:
-    """The rows of `sql`, run with `settings` (name: value) for it alone. The settings and the
-    statement go in one query string, one round trip: in autocommit they run as one
-    transaction, which transaction-local settings last for (in a caller's transaction, until
-    that ends). The cursor binds values on the client whatever the project's settings
-    (server_side_binding): only then may one execute() carry two statements."""
+    """The rows of the last statement of `sql`, run with `settings` (name: value) for it
+    alone. The settings and the statements go in one query string, one round trip: in
+    autocommit they run as one transaction, which transaction-local settings last for (in a
+    caller's transaction, until that ends). The cursor binds values on the client whatever the
+    project's settings (server_side_binding): only then may one execute() carry several
+    statements."""
     connection.ensure_connection()
     settings_sql = ", ".join(
         f"set_config('{name}', '{value}', true)" for name, value in settings.items()
@@ -328,7 +434,8 @@ def _fetch_with_settings(
         cast(CursorWrapper, psycopg.ClientCursor(connection.connection))
     ) as db:
         db.execute(f"SELECT {settings_sql};{sql}", params)
-        db.nextset()
+        while db.nextset():
+            pass
         return db.fetchall()
 
 
@@ -350,7 +457,21 @@ def _log_event(row: Sequence) -> LogEvent:
 
 
 class ShardLost(Exception):
-    """The database session that owned the shards ended: another relay may own them now."""
+    """This session no longer holds the shards' locks (it ended, or its locks were dropped):
+    another relay may own them now."""
+
+
+# Whether this session holds the advisory lock of each of the shards %(shards)s. Asked of the
+# locks themselves, not of the session's process id alone: behind a pooler in session mode, a
+# client's new connection may get the server session of its old one, reset by DISCARD ALL
+# (which drops advisory locks), under the same process id.
+SHARDS_HELD_SQL = f"""
+(SELECT count(*) FROM pg_locks
+ WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
+   AND classid = {SHARD_LOCK_CLASS}::bigint::oid AND objsubid = 2
+   AND objid::bigint = ANY(%(shards)s::bigint[])
+   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+) = cardinality(%(shards)s::bigint[])"""  # noqa: S608 (constants only)
 
 
 def batch_record(
@@ -366,26 +487,29 @@ def batch_record(
     its failure, or an event queued behind a held key) and the cursor's new place.
 
     Raises ShardLost, having written nothing, if this is no longer the session that locked
-    the shards (the connection was lost and opened again)."""
+    the shards (the connection was lost and opened again), or it no longer holds their locks."""
     with transaction.atomic(), connection.cursor() as db:
         db.execute(
-            """
+            f"""
             INSERT INTO outbox_relay_cursor (shards, tick_id, until_tick_id, txid, position,
                                              relay)
-            SELECT %s::smallint[], %s, %s, %s::xid8, %s, %s WHERE pg_backend_pid() = %s
+            SELECT %(shards)s::smallint[], %(tick_id)s, %(until_tick_id)s, '0'::xid8,
+                   %(position)s, %(relay)s
+            WHERE pg_backend_pid() = %(owner_pid)s AND {SHARDS_HELD_SQL}
             """,
-            [
-                list(cursor.shards),
-                cursor.tick_id,
-                cursor.until_tick_id,
-                str(cursor.txid),
-                cursor.position,
-                relay_id,
-                owner_pid,
-            ],
+            {
+                "shards": list(cursor.shards),
+                "tick_id": cursor.tick_id,
+                "until_tick_id": cursor.until_tick_id,
+                "position": cursor.position,
+                "relay": relay_id,
+                "owner_pid": owner_pid,
+            },
         )
         if db.rowcount != 1:
-            raise ShardLost(f"the session that locked shards {list(cursor.shards)} has ended")
+            raise ShardLost(
+                f"this session no longer holds the locks of shards {list(cursor.shards)}"
+            )
         deliveries_insert(relay_id=relay_id, records=records)
         if held:
             _held_insert(held, retry_seconds=retry_seconds)
@@ -478,7 +602,7 @@ def held_heads_due(
                 SELECT DISTINCT ON (topic, key) topic, key, next_attempt_at, attempts,
                        transaction_id
                 FROM outbox_held_event WHERE shard = ANY(%(shards)s)
-                ORDER BY topic, key, transaction_id, position
+                ORDER BY topic, key, position
             ) AS head, outbox_tick AS done
             WHERE done.id = %(done_tick_id)s
               AND (head.next_attempt_at <= now()
@@ -515,7 +639,7 @@ def held_events_read(*, topic: str, key: str, limit: int) -> list[LogEvent]:
             FROM outbox_held_event AS held
             JOIN outbox_event AS event ON {HELD_EVENT_ROW_JOIN}
             WHERE held.topic = %s AND held.key = %s
-            ORDER BY held.transaction_id, held.position
+            ORDER BY held.position
             LIMIT %s
             """,  # noqa: S608 (constants; values are parameters)
             [topic, key, limit],

@@ -1,5 +1,6 @@
 """The on-commit nudge: a transaction that published events wakes a relay through Celery,
-at most once per OUTBOX["NUDGE_MIN_INTERVAL_MS"] across all processes (counted in Redis)."""
+at most once per OUTBOX["NUDGE_MIN_INTERVAL_MS"] across all processes (counted in Redis).
+An operator's repair wakes the long-running relays too (relays_wake_on_commit)."""
 
 import functools
 import time
@@ -11,6 +12,9 @@ from django.db import connection, transaction
 from outbox.conf import outbox_settings
 
 NUDGE_EXPIRES_SECONDS = 5.0
+# The channel `manage.py outbox_relay` listens on; each insert into the event table notifies
+# it (a trigger of migration 0001).
+NOTIFY_CHANNEL = "outbox_event"
 # The URLs redis-py connects to; Celery's Redis broker URLs are the first two.
 NUDGE_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
@@ -20,6 +24,17 @@ def nudge_relay_on_commit() -> None:
     if any(entry[1] is _send_relay_nudge for entry in connection.run_on_commit):
         return
     transaction.on_commit(_send_relay_nudge, robust=True)
+
+
+def relays_wake_on_commit() -> None:
+    """Wakes the relays when the caller's transaction commits (at once in autocommit), for an
+    operator's repair that wrote no event row: the long-running ones by the channel they listen
+    on, a Celery worker's by a nudge. Otherwise a replay, retry or release would wait for the
+    next event, poll or beat."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, '')", [NOTIFY_CHANNEL])
+    if outbox_settings.NUDGE_ON_COMMIT:
+        nudge_relay_on_commit()
 
 
 _last_nudge_at = 0.0

@@ -17,6 +17,7 @@ from outbox.errors import (
 from outbox.models import OutboxEvent, OutboxHeldEvent
 from outbox.selectors import outbox_event_delivered, outbox_events_with_delivery
 from outbox.services import event_log
+from outbox.services.nudge import relays_wake_on_commit
 from outbox.services.publish import outbox_event_publish
 
 REPLAY_OF_HEADER = "replay_of"
@@ -26,6 +27,7 @@ def outbox_event_retry(*, event: OutboxEvent) -> OutboxEvent:
     """Sends a FAILED event (or a held one waiting for its backoff) again, now, with a fresh
     set of attempts."""
     if event_log.held_events_retry(event_ids=[event.id]):
+        relays_wake_on_commit()
         return outbox_event_delivered(event_id=event.id)
     current = outbox_event_delivered(event_id=event.id)
     if current.delivery_status == OutboxEvent.Status.DONE:
@@ -38,9 +40,7 @@ def outbox_event_retry(*, event: OutboxEvent) -> OutboxEvent:
     if held is None:
         raise IllegalTransition(f"Event {event.id} has not failed: the relay sends it in its turn.")
     head = (
-        OutboxHeldEvent.objects.filter(topic=held.topic, key=held.key)
-        .order_by("transaction_id", "position")
-        .first()
+        OutboxHeldEvent.objects.filter(topic=held.topic, key=held.key).order_by("position").first()
     )
     raise IllegalTransition(
         f"Event {event.id} has not failed: it waits behind event "
@@ -59,6 +59,8 @@ def outbox_event_discard(*, event: OutboxEvent) -> OutboxEvent:
         raise IllegalTransition(
             f"Only FAILED events can be discarded; event {event.id} is {current.delivery_status}."
         )
+    # The next event of its key is the head now, due at once.
+    relays_wake_on_commit()
     return outbox_event_delivered(event_id=event.id)
 
 
@@ -86,13 +88,17 @@ def outbox_event_replay(*, event: OutboxEvent, new_event_id: bool) -> OutboxEven
         created_at=event.created_at,
     ):
         raise IllegalTransition(f"Event {event.id} changed meanwhile; nothing to replay.")
+    relays_wake_on_commit()
     return outbox_event_delivered(event_id=event.id)
 
 
 def outbox_key_release(*, topic: str, key: str) -> int:
     """Lets a held key flow again: discards its FAILED events and makes an event waiting for
     its backoff due now. Returns how many events it changed."""
-    return event_log.held_key_release(topic=topic, key=key)
+    changed = event_log.held_key_release(topic=topic, key=key)
+    if changed:
+        relays_wake_on_commit()
+    return changed
 
 
 def _replay_as_new_event(event: OutboxEvent) -> OutboxEvent:
@@ -120,14 +126,20 @@ def outbox_events_retry(*, event_ids: Sequence[uuid.UUID | str]) -> int:
     changed."""
     if not event_ids:
         return 0
-    return event_log.held_events_retry(event_ids=event_ids)
+    changed = event_log.held_events_retry(event_ids=event_ids)
+    if changed:
+        relays_wake_on_commit()
+    return changed
 
 
 def outbox_events_discard(*, event_ids: Sequence[uuid.UUID | str]) -> int:
     """outbox_event_discard() for many events: FAILED ones are kept for audit, discarded."""
     if not event_ids:
         return 0
-    return event_log.held_events_discard(event_ids=event_ids)
+    discarded = event_log.held_events_discard(event_ids=event_ids)
+    if discarded:
+        relays_wake_on_commit()
+    return discarded
 
 
 def outbox_events_replay(*, event_ids: Sequence[uuid.UUID | str], new_event_id: bool) -> int:

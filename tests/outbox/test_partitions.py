@@ -261,10 +261,10 @@ def index_tuples_fetched(table: str) -> int:
         return int(cursor.fetchone()[0])
 
 
-def test_a_batch_of_a_large_transaction_reads_no_more_events_than_it_returns():
-    """The relay's batch read merges the partitions' (txid, position) index walks and stops at
-    the batch size, however many events the transaction wrote (the planner, which estimates
-    one transaction's range at a row or so, would otherwise read them all and sort them)."""
+def test_a_batch_of_a_large_span_reads_no_more_events_than_it_returns():
+    """A span larger than a batch is listed in position order once (the relay's session table);
+    each later batch reads from the event table only the events it returns, through the
+    (txid, position) index of the partition of each one's day, however large the span."""
     [start] = cursors_read(shards=ALL_SHARDS)
     since = tick_read(tick_id=start.tick_id)
     publish_events("t", 5000)
@@ -272,19 +272,23 @@ def test_a_batch_of_a_large_transaction_reads_no_more_events_than_it_returns():
         cursor.execute("ANALYZE outbox_event")  # as autovacuum does after such an insert
     until = tick_take(after=since)
     assert until is not None
-    first = batch_read(cursor=start, since=since, until=until, limit=10)
-    # The next batch starts inside the transaction, after the first batch's last event.
+    first, first_done = batch_read(cursor=start, since=since, until=until, limit=10)
+    # The next batch starts inside the span, after the first batch's last event.
     inside = Cursor(
         shards=ALL_SHARDS,
         tick_id=since.id,
         until_tick_id=until.id,
-        txid=first[-1].txid,
         position=first[-1].position,
     )
     before = index_tuples_fetched("outbox_event")
 
-    second = batch_read(cursor=inside, since=since, until=until, limit=10)
+    second, second_done = batch_read(cursor=inside, since=since, until=until, limit=10)
 
+    assert not first_done
+    assert not second_done
     assert len(second) == 10
+    assert [event.position for event in first + second] == sorted(
+        event.position for event in first + second
+    )
     assert second[0].position > first[-1].position
     assert index_tuples_fetched("outbox_event") - before <= 10 * 2

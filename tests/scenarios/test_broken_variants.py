@@ -78,6 +78,26 @@ def test_an_event_log_relay_sending_its_batch_in_reverse_inverts_the_order_of_ke
     assert result["stuck"] == 0
 
 
+def test_an_event_log_relay_sending_a_span_in_transaction_id_order_inverts_late_lockers(
+    scenario_run,
+):
+    # Writers that take their transaction id before the aggregate's lock, with a relay that
+    # sends each batch by (txid, position): of two writers of a key committed in one span,
+    # the later version goes first when its writer took its id first. Everything arrives,
+    # exactly once.
+    code, output, result = scenario_run("broken-log-relay-txid-order", events=1000)
+    assert code == 0, output
+    assert not result["passed"]
+    assert result["complete"], output
+    assert result["extra"]["late_lock"]["late_lockers_in_one_span"] > 0, result["extra"]
+    assert result["inversions"] > 0, output
+    versions = result["extra"]["version_order"]
+    assert versions["inversions"] > 0, versions
+    assert result["lost"] == 0
+    assert result["duplicate_effects"] == 0
+    assert result["stuck"] == 0
+
+
 def test_an_event_log_relay_that_never_retries_a_held_key_leaves_its_events_stuck(scenario_run):
     # The producer refuses one event once; the relay holds its key, as it should, but never
     # tries it again: that event and the later ones of its key wait for good, the rest flows.

@@ -2,10 +2,20 @@
 promise and shows the checker reports it, and only it. Last, the outbox rows it checks, as it
 reads them from the database."""
 
+from dataclasses import replace
+
 import pytest
 from django.utils import timezone
 
-from scenarios.checker import EffectRow, InboxRow, LogRecord, OutboxRow, check, load_outbox
+from scenarios.checker import (
+    EffectRow,
+    InboxRow,
+    LogRecord,
+    OutboxRow,
+    check,
+    load_outbox,
+    version_check,
+)
 
 GROUP = "g"
 
@@ -178,6 +188,58 @@ def test_each_group_is_checked_on_its_own():
         effects={"a": _effects(events), "b": _effects(events[:2])},
     )
     assert [(g.group, g.lost) for g in report.groups] == [("a", 0), ("b", 2)]
+
+
+def _versioned(key: str, versions: list[int], *, partition: int = 0) -> list[LogRecord]:
+    """A key's records in the log, one per version, in the order given."""
+    return [
+        LogRecord(
+            partition=partition,
+            offset=offset,
+            event_id=f"{key}v{version}",
+            key=key,
+            seq=version,
+            version=version,
+        )
+        for offset, version in enumerate(versions)
+    ]
+
+
+def test_each_key_s_versions_in_log_order_pass_the_version_check():
+    log = _versioned("a", [1, 2, 3]) + _versioned("b", [1, 2], partition=1)
+    report = version_check(log)
+    assert report.ok
+    assert (report.keys, report.records, report.inversions, report.gaps) == (2, 5, 0, 0)
+    assert report.problems() == []
+
+
+def test_a_later_version_first_in_the_log_is_a_gap_then_an_inversion():
+    # v3 went before v2 (two writers of one span sent in transaction-id order).
+    report = version_check(_versioned("a", [1, 3, 2, 4]))
+    assert (report.inversions, report.gaps) == (1, 1)
+    assert report.examples == ["gap: a v3 after v1 at 0:1", "inversion: a v2 after v3 at 0:2"]
+    assert report.problems() == [
+        "1 version order inversions in the Kafka log",
+        "1 versions skipped in the Kafka log",
+    ]
+
+
+def test_a_version_never_in_the_log_is_a_gap():
+    report = version_check(_versioned("a", [1, 2, 4]))
+    assert (report.inversions, report.gaps) == (0, 1)
+    assert not report.ok
+
+
+def test_copies_sent_again_and_records_without_a_version_are_left_out_of_the_version_check():
+    log = _versioned("a", [1, 2, 3])
+    # The relay sent the batch again (1 2 3 1 2 3), and a poison record and an event without
+    # a version went to the same key.
+    log += [replace(record, offset=record.offset + 10) for record in log]
+    log.append(LogRecord(partition=0, offset=20, event_id=None, key="a", seq=None))
+    log.append(LogRecord(partition=0, offset=21, event_id="x", key="a", seq=0))
+    report = version_check(log)
+    assert report.ok, report
+    assert report.records == 3
 
 
 @pytest.mark.django_db

@@ -11,6 +11,7 @@ import pytest
 from scenarios.definitions import (
     CONCURRENT,
     IDLE_SAMPLES,
+    LATE_LOCK_KEYS,
     NUDGE_LAG_P99_SECONDS,
     NUDGE_PATH_RELAY_INTERVAL_SECONDS,
     NUDGE_WORKER_KILLS,
@@ -305,23 +306,50 @@ def test_relay_by_on_commit_nudges_alone_through_a_killed_celery_worker(scenario
     _faults_seen(result, NUDGE_WORKER_KILLS)
 
 
-def test_a_transaction_idle_in_transaction_holding_its_snapshot(scenario_run):
-    # A REPEATABLE READ transaction idle after a read holds its backend_xmin while events
-    # flow and retention runs: the event table gets no dead tuple, the relay's batch read
-    # stays bounded, and retention drops a day partition meanwhile.
+def test_a_transaction_idle_in_transaction_holding_its_snapshot_and_transaction_id(scenario_run):
+    # A REPEATABLE READ transaction idle after a read and pg_current_xact_id() holds its
+    # backend_xmin and backend_xid while events flow and retention runs: the event table gets
+    # no dead tuple, the relay's batch read stays bounded though every tick starts at the held
+    # transaction id, and retention drops a day partition meanwhile.
     code, output, result = scenario_run("idle-transaction")
     assert code == 0, output
     _passes(result, output)
     extra = result["extra"]
     samples = extra["idle_samples"]
     assert len(samples) == IDLE_SAMPLES
-    xmin = extra["snapshot"]["opened"]["xmin"]
+    xmin, xid = extra["snapshot"]["opened"]["xmin"], extra["snapshot"]["opened"]["xid"]
     assert xmin is not None
+    assert xid is not None  # it holds a transaction id, as a writer would
     for sample in samples:
-        assert (sample["state"], sample["xmin"]) == ("idle in transaction", xmin), sample
+        assert (sample["state"], sample["xmin"], sample["xid"]) == (
+            "idle in transaction",
+            xmin,
+            xid,
+        ), sample
+        # Every tick the relay took meanwhile starts at or below the held transaction id.
+        assert int(sample["tick_xmin"]) <= int(xid), sample
         assert sample["table"]["dead_tuples"] == 0, sample
+    assert (extra["snapshot"]["closed"]["xmin"], extra["snapshot"]["closed"]["xid"]) == (xmin, xid)
     assert extra["published_while_held"] > 0
     assert extra["old_day"]["dropped_at_samples"], extra["old_day"]
     # The open; every sample and the close check that it held.
     _faults_seen(result, 1)
     assert extra["checks_seen"] == IDLE_SAMPLES + 1
+
+
+def test_writers_that_take_their_transaction_id_before_the_aggregate_s_lock(scenario_run):
+    # 12 writers on 6 aggregates, each taking its transaction id, then the aggregate's lock:
+    # on a key, transaction-id order is not version order. Kafka's order per key is.
+    code, output, result = scenario_run("late-lock-writers", events=1000)
+    assert code == 0, output
+    _passes(result, output)
+    extra = result["extra"]
+    assert result["keys"] == LATE_LOCK_KEYS
+    assert sum(extra["aggregate_versions"].values()) == result["events"]
+    versions = extra["version_order"]
+    assert versions["log_complete"], versions
+    assert (versions["keys"], versions["records"]) == (LATE_LOCK_KEYS, result["events"])
+    assert (versions["inversions"], versions["gaps"]) == (0, 0), versions
+    # What the run is about happened: writers of a key committed between the same two ticks
+    # in the other order than their transaction ids'.
+    assert extra["late_lock"]["late_lockers_in_one_span"] > 0, extra["late_lock"]

@@ -21,10 +21,10 @@ from kafka_events.tracing import configure_tracing
 from outbox.log_relay import LogRelay
 from outbox.producer import close_producers, get_producer
 from outbox.relay import transactional_id_for
+from outbox.services.nudge import NOTIFY_CHANNEL
 
 logger = logging.getLogger(__name__)
 
-NOTIFY_CHANNEL = "outbox_event"
 # After losing the database, the relay waits this long before trying again, doubling up to
 # the maximum.
 DATABASE_RETRY_SECONDS = 0.5

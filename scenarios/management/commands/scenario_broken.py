@@ -84,6 +84,19 @@ def break_log_relay_order() -> None:
     LogRelay._send = reversed_send  # type: ignore[method-assign]
 
 
+def break_log_relay_txid_order() -> None:
+    """The relay sends each batch in transaction-id order, then position (the order in which
+    it reads a span): of two events of a key committed between the same two ticks, the one
+    whose transaction took its id first goes first, though it took the aggregate's lock, and
+    its position, last. Nothing is lost and nothing sent twice."""
+    correct_send = LogRelay._send
+
+    def txid_order_send(self: LogRelay, events: Sequence[LogEvent]) -> SentBatch:
+        return correct_send(self, sorted(events, key=lambda event: (event.txid, event.position)))
+
+    LogRelay._send = txid_order_send  # type: ignore[method-assign]
+
+
 def break_log_relay_retries() -> None:
     """The relay never tries a held key's head again: a key held after a failure stays held,
     and its events wait for good, though the next try would go through."""
@@ -143,6 +156,7 @@ class Command(BaseCommand):
                 "consumer-commit-first",
                 "log-relay-cursor-first",
                 "log-relay-reversed",
+                "log-relay-txid-order",
                 "log-relay-no-retry",
             ],
         )
@@ -163,6 +177,7 @@ class Command(BaseCommand):
             breakages = {
                 "log-relay-cursor-first": break_log_relay,
                 "log-relay-reversed": break_log_relay_order,
+                "log-relay-txid-order": break_log_relay_txid_order,
                 "log-relay-no-retry": break_log_relay_retries,
             }
             breakages[options["variant"]]()
