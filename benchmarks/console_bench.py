@@ -304,7 +304,8 @@ def _generate(url: str, rows: int) -> None:
 
     from inbox.conf import inbox_settings
     from outbox.conf import outbox_settings
-    from outbox.services.event_log import ALL_SHARDS, SHARD_SQL, event_log_start_afresh
+    from outbox.services.event_log.cursors import event_log_start_afresh
+    from outbox.services.event_log.shards import ALL_SHARDS, SHARD_SQL
 
     connection.close()
     recreate_database(url)
@@ -451,7 +452,7 @@ def _add_bulk_rows(side: str, rows: int) -> None:
     from django.db import connection, transaction
 
     from outbox.conf import outbox_settings
-    from outbox.services.event_log import SHARD_SQL
+    from outbox.services.event_log.shards import SHARD_SQL
 
     with connection.cursor() as cursor:
         if side == "inbox":

@@ -695,7 +695,7 @@ def clear_outbox() -> None:
     with a summary of the first range, which a new partition has not."""
     from django.db import connection
 
-    from outbox.services.event_log import event_log_start_afresh
+    from outbox.services.event_log.cursors import event_log_start_afresh
     from outbox.services.partitions import DESUMMARIZE_FIRST_RANGE_SQL, partitions_read
 
     with connection.cursor() as cursor:

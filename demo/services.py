@@ -16,7 +16,7 @@ from demo.models import Delivery, Payment
 from inbox.models import InboxMessage
 from outbox.models import OutboxEvent
 from outbox.relay import record_headers
-from outbox.services.event_log import LogEvent
+from outbox.services.event_log.spans import LogEvent
 from outbox.services.publish import encode_payload
 
 

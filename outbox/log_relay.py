@@ -37,35 +37,30 @@ from outbox.relay import (
     publish_batch,
     publish_batch_in_transaction,
 )
-from outbox.services.event_log import (
-    ALL_SHARDS,
-    SHARD_COUNT,
-    Cursor,
-    DeliveryRecord,
-    LogEvent,
-    ShardLost,
-    Tick,
-    backend_pid,
-    batch_read,
-    batch_record,
-    cursors_grouped,
-    cursors_read,
+from outbox.services.event_log.batches import batch_record
+from outbox.services.event_log.cursors import Cursor, cursors_grouped, cursors_read
+from outbox.services.event_log.deliveries import DeliveryRecord, record_time
+from outbox.services.event_log.held import (
     held_events_read,
     held_head_failed,
     held_heads_due,
     held_keys_read,
     held_orphans_drop,
     held_release,
-    record_time,
+)
+from outbox.services.event_log.shards import (
+    ALL_SHARDS,
+    SHARD_COUNT,
+    ShardLost,
+    backend_pid,
     relay_join,
     relay_leave,
     relays_running,
     shards_lock,
     shards_unlock,
-    tick_latest_after,
-    tick_read,
-    tick_take,
 )
+from outbox.services.event_log.spans import LogEvent, batch_read
+from outbox.services.event_log.ticks import Tick, tick_latest_after, tick_read, tick_take
 from outbox.tracing import Outcome as SendOutcome
 from outbox.tracing import SendSpans, send_spans
 

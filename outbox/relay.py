@@ -21,7 +21,7 @@ from outbox.producer import (
     record_size,
     topic_record_limits,
 )
-from outbox.services.event_log import LogEvent
+from outbox.services.event_log.spans import LogEvent
 from outbox.tracing import SendSpans
 
 logger = logging.getLogger(__name__)

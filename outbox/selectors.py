@@ -26,12 +26,9 @@ from django.db.models.functions import Coalesce, Greatest, NullIf
 from django.utils import timezone
 
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
-from outbox.services.event_log import (
-    ALL_SHARDS,
-    HELD_EVENT_ROW_JOIN,
-    RECORD_CLOCK_MARGIN,
-    RECORD_CLOCK_MARGIN_SQL,
-)
+from outbox.services.event_log.deliveries import RECORD_CLOCK_MARGIN, RECORD_CLOCK_MARGIN_SQL
+from outbox.services.event_log.held import HELD_EVENT_ROW_JOIN
+from outbox.services.event_log.shards import ALL_SHARDS
 
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations
@@ -145,7 +142,7 @@ class LogBacklog:
 
 def outbox_log_cursor_snapshot() -> str:
     """The snapshot of the tick of the oldest current cursor (the latest cursor row of each
-    shard, as outbox.services.event_log.cursors_read reads them), read in one statement: a
+    shard, as outbox.services.event_log.cursors.cursors_read reads them), read in one statement: a
     purge of ticks between two reads could not take it away."""
     with connection.cursor() as cursor:
         cursor.execute(

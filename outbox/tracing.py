@@ -36,7 +36,8 @@ from kafka_events.tracing import (
 )
 
 if TYPE_CHECKING:
-    from outbox.services.event_log import DeliveryRecord, LogEvent
+    from outbox.services.event_log.deliveries import DeliveryRecord
+    from outbox.services.event_log.spans import LogEvent
 
 TRACEPARENT_HEADER = "traceparent"
 TRACESTATE_HEADER = "tracestate"

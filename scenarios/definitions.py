@@ -29,14 +29,10 @@ import outbox
 from outbox.conf import outbox_settings
 from outbox.models import OutboxDelivery, OutboxEvent
 from outbox.selectors import outbox_events_with_delivery
-from outbox.services.event_log import (
-    ALL_SHARDS,
-    SHARD_LOCK_CLASS,
-    Cursor,
-    Tick,
-    batch_read,
-    tick_latest_after,
-)
+from outbox.services.event_log.cursors import Cursor
+from outbox.services.event_log.shards import ALL_SHARDS, SHARD_LOCK_CLASS
+from outbox.services.event_log.spans import batch_read
+from outbox.services.event_log.ticks import Tick, tick_latest_after
 from outbox.services.nudge import nudge_redis_url
 from outbox.services.partitions import day_start, partition_create, partitions_read
 from outbox.services.retention import outbox_event_log_purge

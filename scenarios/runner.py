@@ -34,7 +34,7 @@ import outbox
 from inbox.models import InboxMessage
 from outbox.models import OutboxEvent
 from outbox.selectors import outbox_events_with_delivery
-from outbox.services.event_log import event_log_start_afresh
+from outbox.services.event_log.cursors import event_log_start_afresh
 from scenarios import faults, ports
 from scenarios.checker import DeliveryReport, delivery_check
 from scenarios.conf import AGGREGATE_TYPE, EVENT_TYPE, GROUP_VARIABLE, RUN_VARIABLE, TOPIC_VARIABLE

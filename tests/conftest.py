@@ -61,7 +61,7 @@ def _event_log_afresh_for_transactional_tests(
     marker = request.node.get_closest_marker("django_db")
     if marker is None or not marker.kwargs.get("transaction"):
         return
-    from outbox.services.event_log import event_log_start_afresh
+    from outbox.services.event_log.cursors import event_log_start_afresh
 
     with django_db_blocker.unblock():
         event_log_start_afresh()

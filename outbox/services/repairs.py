@@ -3,7 +3,7 @@ bulk. Each refuses an illegal transition with IllegalTransition; the console che
 permission and records who did what.
 
 The event row is never changed: a repair acts on the held set and appends delivery records
-(outbox.services.event_log)."""
+(outbox.services.event_log.held)."""
 
 import uuid
 from collections.abc import Sequence
@@ -16,7 +16,12 @@ from outbox.errors import (
 )
 from outbox.models import OutboxEvent, OutboxHeldEvent
 from outbox.selectors import outbox_event_delivered, outbox_events_with_delivery
-from outbox.services import event_log
+from outbox.services.event_log.held import (
+    held_event_replay,
+    held_events_discard,
+    held_events_retry,
+    held_key_release,
+)
 from outbox.services.nudge import relays_wake_on_commit
 from outbox.services.publish import outbox_event_publish
 
@@ -26,7 +31,7 @@ REPLAY_OF_HEADER = "replay_of"
 def outbox_event_retry(*, event: OutboxEvent) -> OutboxEvent:
     """Sends a FAILED event (or a held one waiting for its backoff) again, now, with a fresh
     set of attempts."""
-    if event_log.held_events_retry(event_ids=[event.id]):
+    if held_events_retry(event_ids=[event.id]):
         relays_wake_on_commit()
         return outbox_event_delivered(event_id=event.id)
     current = outbox_event_delivered(event_id=event.id)
@@ -51,7 +56,7 @@ def outbox_event_retry(*, event: OutboxEvent) -> OutboxEvent:
 def outbox_event_discard(*, event: OutboxEvent) -> OutboxEvent:
     """Gives up on a FAILED event: it gets a DISCARDED delivery record, the row stays for
     audit, and its key's later events flow on."""
-    if not event_log.held_events_discard(event_ids=[event.id]):
+    if not held_events_discard(event_ids=[event.id]):
         current = outbox_event_delivered(event_id=event.id)
         if current.delivery_discarded_at is not None:
             # Still FAILED by its last try: "only FAILED events" would not say why.
@@ -79,7 +84,7 @@ def outbox_event_replay(*, event: OutboxEvent, new_event_id: bool) -> OutboxEven
         )
     if new_event_id:
         return _replay_as_new_event(event)
-    if not event_log.held_event_replay(
+    if not held_event_replay(
         event_id=event.id,
         topic=event.topic,
         key=event.key,
@@ -95,7 +100,7 @@ def outbox_event_replay(*, event: OutboxEvent, new_event_id: bool) -> OutboxEven
 def outbox_key_release(*, topic: str, key: str) -> int:
     """Lets a held key flow again: discards its FAILED events and makes an event waiting for
     its backoff due now. Returns how many events it changed."""
-    changed = event_log.held_key_release(topic=topic, key=key)
+    changed = held_key_release(topic=topic, key=key)
     if changed:
         relays_wake_on_commit()
     return changed
@@ -126,7 +131,7 @@ def outbox_events_retry(*, event_ids: Sequence[uuid.UUID | str]) -> int:
     changed."""
     if not event_ids:
         return 0
-    changed = event_log.held_events_retry(event_ids=event_ids)
+    changed = held_events_retry(event_ids=event_ids)
     if changed:
         relays_wake_on_commit()
     return changed
@@ -136,7 +141,7 @@ def outbox_events_discard(*, event_ids: Sequence[uuid.UUID | str]) -> int:
     """outbox_event_discard() for many events: FAILED ones are kept for audit, discarded."""
     if not event_ids:
         return 0
-    discarded = event_log.held_events_discard(event_ids=event_ids)
+    discarded = held_events_discard(event_ids=event_ids)
     if discarded:
         relays_wake_on_commit()
     return discarded

@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from psycopg import sql
 
 from outbox.selectors import outbox_log_cursor_snapshot
-from outbox.services.event_log import SHARD_COUNT
+from outbox.services.event_log.shards import SHARD_COUNT
 from outbox.services.partitions import (
     PartitionLocked,
     default_partition,
@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 EVENTS, DELIVERIES = "outbox_event", "outbox_delivery"
 # The relay is done with an event when it was delivered or discarded, or is held. Every event
 # committed before the xmin of the oldest shard cursor's snapshot is (outbox.services.
-# event_log); one committed later is when it has a final delivery record. The relay keeps its
+# event_log.ticks); one committed later is when it has a final delivery record. The relay keeps its
 # cursor where its last full batch ended, so after the traffic stops the last events of a
 # day are found done by their records alone. So the events not done yet are a range of the
 # (txid, position) index from that xmin, each looked up in the records: a short range, as a

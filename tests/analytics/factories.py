@@ -21,7 +21,7 @@ from confluent_kafka import Producer
 from inbox.models import InboxMessage
 from kafka_events.kafka import kafka_connection_config
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
-from outbox.services.event_log import shard_of
+from outbox.services.event_log.shards import shard_of
 
 SLA = timedelta(minutes=5)
 TYPES_BY_TOPIC_ROLE = {"orders": ("order.created", "order.paid"), "users": ("user.signed_up",)}

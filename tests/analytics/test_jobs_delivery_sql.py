@@ -16,7 +16,7 @@ from django.db import connection
 from analytics import jobs
 from outbox.models import OutboxDelivery, OutboxEvent
 from outbox.selectors import outbox_events_with_delivery
-from outbox.services.event_log import ALL_SHARDS
+from outbox.services.event_log.shards import ALL_SHARDS
 from tests.analytics.factories import CLAIM_RELAY_HANDED_OVER, delivery_record, held_event
 
 pytestmark = pytest.mark.django_db

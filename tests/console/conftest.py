@@ -18,7 +18,8 @@ from rest_framework.test import APIClient
 import outbox
 from inbox.models import InboxMessage
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
-from outbox.services.event_log import OPERATOR_RELAY, shard_of
+from outbox.services.event_log.held import OPERATOR_RELAY
+from outbox.services.event_log.shards import shard_of
 from tests.conftest import event_row_place
 
 VIEW_PERMISSIONS = (

@@ -19,7 +19,7 @@ from console.models import OperatorAction
 from outbox.models import OutboxDelivery, OutboxHeldEvent
 from outbox.producer import close_producers
 from outbox.selectors import outbox_event_delivered
-from outbox.services.event_log import shard_of
+from outbox.services.event_log.shards import shard_of
 from tests.conftest import event_row_place, publish_numbered
 from tests.console.conftest import VIEW_PERMISSIONS, attempt_rows, client_for, logged_in
 from tests.outbox.conftest import consume_all

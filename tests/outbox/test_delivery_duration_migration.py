@@ -8,7 +8,7 @@ from django.db import connection
 from django.utils import timezone
 
 from outbox.models import OutboxDelivery
-from outbox.services.event_log import DeliveryRecord, deliveries_insert
+from outbox.services.event_log.deliveries import DeliveryRecord, deliveries_insert
 from tests.outbox.test_claim_relay_migration import migrate, outbox_migrated_to
 
 pytestmark = pytest.mark.django_db(transaction=True)

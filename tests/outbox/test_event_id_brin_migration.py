@@ -11,7 +11,8 @@ import outbox
 from outbox.errors import DuplicateEvent
 from outbox.models import OutboxEvent, OutboxHeldEvent
 from outbox.selectors import outbox_event_delivered, outbox_log_backlog
-from outbox.services.event_log import held_events_read, shard_of
+from outbox.services.event_log.held import held_events_read
+from outbox.services.event_log.shards import shard_of
 from tests.conftest import event_row_place
 from tests.outbox.test_claim_relay_migration import migrate, outbox_migrated_to
 

@@ -9,7 +9,8 @@ from django.db import connection, transaction
 import outbox
 from outbox.models import OutboxHeldEvent
 from outbox.selectors import outbox_log_backlog
-from outbox.services.event_log import held_events_read, shard_of
+from outbox.services.event_log.held import held_events_read
+from outbox.services.event_log.shards import shard_of
 from tests.outbox.test_claim_relay_migration import migrate, outbox_migrated_to
 
 pytestmark = pytest.mark.django_db(transaction=True)

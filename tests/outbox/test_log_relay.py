@@ -22,16 +22,10 @@ from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
 from outbox.producer import close_producers
 from outbox.relay import transactional_id_for
 from outbox.selectors import outbox_event_delivered
-from outbox.services.event_log import (
-    ALL_SHARDS,
-    SHARD_COUNT,
-    DeliveryRecord,
-    LogEvent,
-    Tick,
-    shard_of,
-    shards_lock,
-    tick_take,
-)
+from outbox.services.event_log.deliveries import DeliveryRecord
+from outbox.services.event_log.shards import ALL_SHARDS, SHARD_COUNT, shard_of, shards_lock
+from outbox.services.event_log.spans import LogEvent
+from outbox.services.event_log.ticks import Tick, tick_take
 from outbox.services.partitions import partition_create
 from outbox.services.repairs import outbox_events_discard
 from outbox.services.retention import outbox_event_log_purge

@@ -12,7 +12,8 @@ from django.db import connection, transaction
 
 import outbox
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
-from outbox.services.event_log import ALL_SHARDS, cursors_read
+from outbox.services.event_log.cursors import cursors_read
+from outbox.services.event_log.shards import ALL_SHARDS
 from outbox.services.repairs import outbox_event_replay
 from tests.conftest import connect_outside_django
 from tests.outbox.conftest import (

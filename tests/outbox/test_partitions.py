@@ -16,14 +16,10 @@ from outbox.errors import DuplicateEvent
 from outbox.log_relay import LogRelay
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
 from outbox.selectors import outbox_event_delivered
-from outbox.services.event_log import (
-    ALL_SHARDS,
-    Cursor,
-    batch_read,
-    cursors_read,
-    tick_read,
-    tick_take,
-)
+from outbox.services.event_log.cursors import Cursor, cursors_read
+from outbox.services.event_log.shards import ALL_SHARDS
+from outbox.services.event_log.spans import batch_read
+from outbox.services.event_log.ticks import tick_read, tick_take
 from outbox.services.partitions import (
     DAYS_AHEAD,
     partition_create,

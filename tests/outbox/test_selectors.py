@@ -16,7 +16,7 @@ from outbox.selectors import (
     outbox_oldest_pending_age_seconds,
     outbox_quarantined_keys,
 )
-from outbox.services.event_log import ALL_SHARDS, shard_of
+from outbox.services.event_log.shards import ALL_SHARDS, shard_of
 from outbox.services.partitions import partition_create
 from tests.conftest import event_row_place
 

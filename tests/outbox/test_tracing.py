@@ -30,7 +30,7 @@ import outbox
 from kafka_events.tracing import TraceContextFilter, active_tracer, use_tracer_provider
 from outbox.errors import DuplicateEvent
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
-from outbox.services.event_log import LogEvent
+from outbox.services.event_log.spans import LogEvent
 from outbox.tracing import SendSpans, TraceContextMiddleware, caller_traceparent
 from tests.conftest import publish_numbered
 from tests.outbox.conftest import wait_until

@@ -8,7 +8,7 @@ from django.db import connection, transaction
 
 import outbox
 from outbox.models import OutboxEvent
-from outbox.services.event_log import Tick, tick_latest_after, tick_take
+from outbox.services.event_log.ticks import Tick, tick_latest_after, tick_take
 from scenarios.conf import AGGREGATE_TYPE, EVENT_TYPE
 from scenarios.definitions import SCENARIOS, _late_lock_pairs, _late_lock_write, _visible
 from scenarios.models import ScenarioAggregate

@@ -23,7 +23,8 @@ from outbox.log_relay import LogRelay, LogRunResult, SentBatch
 from outbox.models import OutboxDelivery
 from outbox.producer import RelayProducer, get_producer
 from outbox.relay import DeliveryReports, produce_all
-from outbox.services.event_log import DeliveryRecord, LogEvent
+from outbox.services.event_log.deliveries import DeliveryRecord
+from outbox.services.event_log.spans import LogEvent
 from outbox.tracing import SendSpans
 from scenarios.conf import REFUSED_EVENT_VARIABLE
 
