@@ -75,6 +75,11 @@ SHARE_CHECK_SECONDS = 1.0
 # After a batch of which nothing could be sent (the cluster unreachable), the relay waits
 # this long before the same batch again, doubling up to OUTBOX["RETRY_MAX_SECONDS"].
 OUTAGE_RETRY_SECONDS = 0.5
+# A group of shards that finds only empty spans (its keys quiet while others' are not) records
+# where it got once the tick it reached was taken this long after the one its recorded cursor
+# names: otherwise a restart or the next Celery run would read again every span since, and
+# retention and the console's counts would start from that old cursor.
+QUIET_CURSOR_RECORD_SECONDS = 10.0
 
 
 @dataclass
@@ -147,6 +152,8 @@ class LogRelay:
         self.owner_pid: int | None = None
         self.cursors: list[Cursor] = []
         self.ticks: dict[int, Tick] = {}
+        # The tick of each owned shard's latest recorded cursor.
+        self.recorded: dict[int, Tick] = {}
         self.outage_pause = OUTAGE_RETRY_SECONDS
         # Batches of each cursor (by its shards) sent in a row of which nothing reached
         # Kafka: the next try of that batch is this plus one (a send span's attempt).
@@ -213,6 +220,9 @@ class LogRelay:
             return
         logger.info("Outbox relay %s owns shards %s", self.relay_id, list(self.owned))
         self.cursors = cursors_read(shards=self.owned) if self.owned else []
+        self.recorded = {}
+        for cursor in self.cursors:
+            self._note_recorded(cursor)
 
     def _step(self) -> tuple[LogRunResult, bool]:
         """One batch for each cursor, after the held keys that are due; returns what happened
@@ -263,6 +273,7 @@ class LogRelay:
             else:
                 until = tick_latest_after(tick_id=cursor.tick_id) or tick_take(after=since)
                 if until is None:
+                    self._record_quiet_progress(cursor)
                     return cursor, False
                 self.ticks = {since.id: since, until.id: until}
             assert until is not None
@@ -275,6 +286,7 @@ class LogRelay:
             # the cost of one query.
             cursor = Cursor(shards=cursor.shards, tick_id=until.id)
         else:
+            self._record_quiet_progress(cursor)
             return cursor, False
         if span_done:
             moved = Cursor(shards=cursor.shards, tick_id=until.id)
@@ -320,11 +332,38 @@ class LogRelay:
             cursor=moved,
             retry_seconds=outbox_settings.RETRY_BASE_SECONDS,
         )
+        self._note_recorded(moved)
         result.published += len(sent.delivered)
         result.failed += len(sent.failed)
         result.held += sum(1 for _, failure in held if failure is None)
         self._observe(events, sent)
         return moved, True
+
+    def _note_recorded(self, cursor: Cursor) -> None:
+        tick = self._tick(cursor.tick_id)
+        for shard in cursor.shards:
+            self.recorded[shard] = tick
+
+    def _record_quiet_progress(self, cursor: Cursor) -> None:
+        """Records `cursor`, which passed only empty spans since its shards' recorded cursors,
+        once the tick it reached was taken QUIET_CURSOR_RECORD_SECONDS after the oldest of
+        theirs."""
+        recorded = [self.recorded[shard] for shard in cursor.shards if shard in self.recorded]
+        if not recorded or cursor.until_tick_id is not None:
+            return
+        oldest = min(recorded, key=lambda tick: tick.id)
+        reached = self._tick(cursor.tick_id)
+        if (reached.taken_at - oldest.taken_at).total_seconds() < QUIET_CURSOR_RECORD_SECONDS:
+            return
+        batch_record(
+            relay_id=self.relay_id,
+            owner_pid=self._owner_pid(),
+            records=[],
+            held=[],
+            cursor=cursor,
+            retry_seconds=outbox_settings.RETRY_BASE_SECONDS,
+        )
+        self._note_recorded(cursor)
 
     def _owner_pid(self) -> int:
         assert self.owner_pid is not None
@@ -411,6 +450,7 @@ class LogRelay:
                 held_orphans_drop(topic=topic, key=key)
                 continue
             head = events[0]
+            unanswered = False
             # The send spans' attempt numbers: read only when tracing is on.
             self.sending_attempt = _held_attempts(events) if tracing else 1
             # The head alone first: were it sent with the rest, a refused head could let its
@@ -436,9 +476,11 @@ class LogRelay:
                             error="the producer failed before a report",
                         ),
                     )
+                    refused = failure.event_id in sent.refused
                     spent = held_head_failed(
                         relay_id=self.relay_id,
                         record=failure,
+                        refused=refused,
                         max_attempts=outbox_settings.MAX_ATTEMPTS,
                         base_seconds=outbox_settings.RETRY_BASE_SECONDS,
                         max_seconds=outbox_settings.RETRY_MAX_SECONDS,
@@ -451,8 +493,14 @@ class LogRelay:
                         sent.spans.finish(failure, outcome)
                     # The rest of the group stays held behind the head.
                     sent.finish_spans(SendOutcome.HELD)
+                    unanswered = not refused
                     break
                 sent.finish_spans(SendOutcome.HELD)
+            if unanswered:
+                # Nothing answered this try (it waited out the delivery timeout): the other
+                # heads due wait for the next step, after this step's batches, rather than
+                # each wait as long before any batch of the healthy keys.
+                break
         return bool(due)
 
     @staticmethod

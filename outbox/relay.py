@@ -241,9 +241,16 @@ def publish_batch_in_transaction(
         try:
             kafka.abort_transaction(timeout)
         except KafkaException as abort_error:
-            if abort_error.args[0].fatal():
-                producer.fatal_error = abort_error.args[0]
-                return DeliveryReports(handed_at=reports.handed_at), True
+            # Not aborted: after a commit that timed out librdkafka may still be committing,
+            # and every later begin_transaction() of this producer would fail. It is replaced
+            # (get_producer() builds another for a producer with an error); the new one's
+            # init_transactions() finishes or aborts what this one left, and the batch is
+            # sent again, at least once.
+            logger.warning(
+                "Outbox relay replaces its producer, whose abort failed: %s", abort_error
+            )
+            producer.fatal_error = abort_error.args[0]
+            return DeliveryReports(handed_at=reports.handed_at), True
         reason = f"transaction aborted: {kafka_error.name()}: {kafka_error.str()}"
         # Every try lasted until the abort, reported or not.
         aborted = DeliveryReports(

@@ -840,7 +840,7 @@ def test_a_tick_walks_the_index_of_a_day_partition_not_yet_analyzed():
         with connection.cursor() as cursor:
             cursor.execute(
                 "INSERT INTO outbox_tick (snapshot) SELECT pg_current_snapshot() "
-                "RETURNING id, snapshot::text"
+                "RETURNING id, snapshot::text, taken_at"
             )
             after = Tick(*cursor.fetchone())
             cursor.execute(

@@ -9,11 +9,14 @@ import uuid
 
 import pytest
 from django.db import connection, transaction
+from django.utils import timezone
 
 import outbox
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
+from outbox.producer import close_producers, get_producer
+from outbox.relay import publish_batch_in_transaction, transactional_id_for
 from outbox.services.event_log.cursors import cursors_read
-from outbox.services.event_log.shards import ALL_SHARDS
+from outbox.services.event_log.shards import ALL_SHARDS, SHARD_COUNT, shard_of
 from outbox.services.repairs import outbox_event_replay
 from tests.conftest import connect_outside_django
 from tests.outbox.conftest import (
@@ -23,7 +26,7 @@ from tests.outbox.conftest import (
     publish_events,
     wait_until,
 )
-from tests.outbox.test_log_relay import insert_event_outside
+from tests.outbox.test_log_relay import _as_log_events, insert_event_outside
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 
@@ -278,3 +281,103 @@ def test_a_record_the_broker_refuses_for_good_holds_its_key_and_the_others_flow(
     assert head.last_error.startswith("MSG_SIZE_TOO_LARGE"), head.last_error
     messages = consume_all(kafka_consumer_config, topic, expected=3)
     assert sorted(headers_of(m)["event_id"] for m in messages) == sorted(str(e.id) for e in flowing)
+
+
+def test_a_group_of_shards_whose_keys_are_quiet_records_where_it_got(
+    kafka_topic, log_relay, monkeypatch
+):
+    topic = kafka_topic()
+    quiet = tuple(range(SHARD_COUNT // 2, SHARD_COUNT))
+    key = next(f"order-{n}" for n in range(100) if shard_of(f"order-{n}") not in quiet)
+    relay = log_relay(shards=quiet)
+    assert relay.run().published == 0
+    [recorded] = cursors_read(shards=quiet)
+
+    def publish_elsewhere() -> None:
+        with transaction.atomic():
+            outbox.publish(
+                aggregate_type="order", aggregate_id=key, event_type="E", payload={}, topic=topic
+            )
+
+    # Events of other shards only: each run of this relay reads an empty span.
+    publish_elsewhere()
+    assert relay.run().published == 0
+    # Within QUIET_CURSOR_RECORD_SECONDS of the recorded tick: nothing written.
+    assert cursors_read(shards=quiet) == [recorded]
+
+    monkeypatch.setattr("outbox.log_relay.QUIET_CURSOR_RECORD_SECONDS", 0.0)
+    publish_elsewhere()
+    assert relay.run().published == 0
+
+    [moved] = cursors_read(shards=quiet)
+    assert moved.tick_id > recorded.tick_id
+    assert (moved.until_tick_id, moved.position) == (None, 0)
+
+
+def test_a_kafka_transaction_whose_commit_timed_out_replaces_its_producer(
+    kafka_topic, kafka_consumer_config, settings
+):
+    settings.OUTBOX = {**settings.OUTBOX, "RELAY_TRANSACTIONAL": True}
+    transactional_id = transactional_id_for(f"commit-timeout-{uuid.uuid4().hex[:8]}")
+    topic = kafka_topic()
+    events = _as_log_events(publish_events(topic, 3, keys=3))
+    stuck = get_producer(transactional_id=transactional_id)
+
+    # A commit that cannot finish in its time: librdkafka goes on committing, and the abort
+    # that follows cannot run meanwhile.
+    reports, fatal = publish_batch_in_transaction(stuck, events, timeout=1e-6)
+
+    assert not reports.deliveries
+    assert fatal
+    assert stuck.fatal_error is not None
+    # The relay asks for its producer again: a new one, whose initialisation finishes or
+    # aborts what the old one left, and which sends the batch.
+    fresh = get_producer(transactional_id=transactional_id)
+    assert fresh is not stuck
+    reports, fatal = publish_batch_in_transaction(fresh, events, timeout=30)
+    assert not fatal
+    assert set(reports.deliveries) == {event.id for event in events}
+    messages = consume_all(kafka_consumer_config, topic, expected=3)  # read_committed
+    assert len({headers_of(m)["event_id"] for m in messages}) == 3
+
+
+def test_an_outage_spends_no_held_head_s_last_attempt_and_tries_one_head_a_step(
+    kafka_topic, log_relay, settings
+):
+    topic = kafka_topic()
+    # The producer refuses both keys' first event: two heads held, one attempt left each.
+    settings.OUTBOX = {
+        **settings.OUTBOX,
+        "PRODUCER_CONFIG": {"message.max.bytes": "4000"},
+        "MAX_ATTEMPTS": 2,
+    }
+    with transaction.atomic():
+        for key in ("a", "b"):
+            outbox.publish(
+                aggregate_type="o",
+                aggregate_id=key,
+                event_type="E",
+                payload="x" * 5000,
+                topic=topic,
+            )
+    relay = log_relay()
+    assert relay.run().failed == 2
+    # Then the cluster is unreachable, and both heads come due.
+    settings.KAFKA_EVENTS = {**settings.KAFKA_EVENTS, "BOOTSTRAP_SERVERS": "127.0.0.1:1"}
+    settings.OUTBOX = {
+        **settings.OUTBOX,
+        "PRODUCER_CONFIG": {},
+        "PRODUCER_DELIVERY_TIMEOUT_MS": 1000,
+    }
+    close_producers()
+    OutboxHeldEvent.objects.update(next_attempt_at=timezone.now())
+
+    step, _ = relay._step()
+
+    # One head tried, which waited out its delivery timeout; the other waits for the next
+    # step, after the step's batches.
+    assert step.failed == 1
+    tried = OutboxHeldEvent.objects.get(last_error__startswith="_MSG_TIMED_OUT")
+    # Counted, but an outage does not spend the last attempt: no operator needed for it.
+    assert tried.attempts == 1
+    assert tried.next_attempt_at is not None

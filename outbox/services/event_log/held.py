@@ -148,21 +148,31 @@ def held_head_failed(
     *,
     relay_id: str,
     record: DeliveryRecord,
+    refused: bool,
     max_attempts: int,
     base_seconds: float,
     max_seconds: float,
 ) -> bool:
     """Counts a failed retry of a held head: the next by exponential backoff with jitter, or
     none after `max_attempts` (an operator retries or discards it). Returns whether its
-    attempts are now spent."""
+    attempts are now spent.
+
+    Only a refusal (`refused`: by the producer, or a cluster's answer no retry changes) spends
+    the last attempt. A try that nothing answered (timed out: the cluster or the partition's
+    leader unreachable) counts and backs off, up to one attempt short of the last: an outage,
+    however long, leaves no key waiting for an operator."""
     with transaction.atomic():
         deliveries_insert(relay_id=relay_id, records=[record])
         with connection.cursor() as db:
             db.execute(
                 """
                 UPDATE outbox_held_event
-                SET attempts = attempts + 1, last_error = %(error)s,
-                    next_attempt_at = CASE WHEN attempts + 1 >= %(max_attempts)s THEN NULL
+                SET attempts = CASE WHEN %(refused)s THEN attempts + 1
+                                    ELSE LEAST(attempts + 1, GREATEST(1, %(max_attempts)s - 1))
+                               END,
+                    last_error = %(error)s,
+                    next_attempt_at = CASE
+                        WHEN %(refused)s AND attempts + 1 >= %(max_attempts)s THEN NULL
                         ELSE now() + make_interval(secs =>
                             LEAST(%(max_seconds)s, %(base_seconds)s * power(2, attempts))
                             * (0.5 + random() / 2)) END
@@ -170,6 +180,7 @@ def held_head_failed(
                 RETURNING next_attempt_at IS NULL
                 """,
                 {
+                    "refused": refused,
                     "error": record.error,
                     "max_attempts": max_attempts,
                     "max_seconds": max_seconds,

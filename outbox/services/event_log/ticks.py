@@ -3,6 +3,7 @@ visible."""
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, cast
 
 import psycopg
@@ -19,24 +20,32 @@ TICK_LOCK_CLASS = SHARD_LOCK_CLASS + 2
 class Tick:
     id: int
     snapshot: str
+    taken_at: datetime
+
+
+# A tick's columns, in Tick's order.
+TICK_COLUMNS = "id, snapshot::text, taken_at"
 
 
 def tick_read(*, tick_id: int) -> Tick:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT id, snapshot::text FROM outbox_tick WHERE id = %s", [tick_id])
+        cursor.execute(f"SELECT {TICK_COLUMNS} FROM outbox_tick WHERE id = %s", [tick_id])  # noqa: S608
         row = cursor.fetchone()
-    return Tick(id=row[0], snapshot=row[1])
+    if row is None:
+        # Retention keeps every tick a shard's latest cursor names.
+        raise LookupError(f"outbox tick {tick_id} does not exist")
+    return Tick(*row)
 
 
 def tick_latest_after(*, tick_id: int) -> Tick | None:
     """The latest tick, if later than `tick_id`: a batch may span many ticks."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT id, snapshot::text FROM outbox_tick WHERE id > %s ORDER BY id DESC LIMIT 1",
+            f"SELECT {TICK_COLUMNS} FROM outbox_tick WHERE id > %s ORDER BY id DESC LIMIT 1",  # noqa: S608
             [tick_id],
         )
         row = cursor.fetchone()
-    return Tick(id=row[0], snapshot=row[1]) if row else None
+    return Tick(*row) if row else None
 
 
 def tick_take(*, after: Tick) -> Tick | None:
@@ -94,11 +103,11 @@ def tick_take(*, after: Tick) -> Tick | None:
               AND NOT pg_visible_in_snapshot(held.transaction_id::text::xid8,
                                              %(after)s::pg_snapshot)
         )
-        RETURNING id, snapshot::text
+        RETURNING {TICK_COLUMNS}
         """,  # noqa: S608 (constants; values are parameters)
         {"after": after.snapshot},
     )
-    return Tick(id=rows[0][0], snapshot=rows[0][1]) if rows else None
+    return Tick(*rows[0]) if rows else None
 
 
 def _fetch_with_settings(
