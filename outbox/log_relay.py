@@ -1,6 +1,8 @@
-"""The event-log relay: reads events in commit order between ticks, sends them, and records
-each outcome as an appended row. It never updates, locks or deletes an event row, so neither
-a long-running transaction elsewhere in the database nor the number of keys changes its pace.
+"""The event-log relay: reads the events that became visible between two ticks (in the ticks'
+order, and within them in position order: outbox.services.event_log.spans), sends them, and
+records each outcome as an appended row. It never updates, locks or deletes an event row, so
+neither a long-running transaction elsewhere in the database nor the number of keys changes its
+pace.
 
 A relay owns its share of the shards (by PostgreSQL advisory locks held by its database
 session) and keeps one cursor per group of shards at the same place. For each group it reads
@@ -497,9 +499,10 @@ class LogRelay:
                     break
                 sent.finish_spans(SendOutcome.HELD)
             if unanswered:
-                # Nothing answered this try (it waited out the delivery timeout): the other
-                # heads due wait for the next step, after this step's batches, rather than
-                # each wait as long before any batch of the healthy keys.
+                # Nothing took this try, nor refused it (it timed out, or failed after
+                # librdkafka's own retries): the other heads due wait for the next step, after
+                # this step's batches, rather than each wait as long before any batch of the
+                # healthy keys.
                 break
         return bool(due)
 

@@ -1133,7 +1133,8 @@ class Scenario:
     # The scenario's own writer, in place of the runner's (Run._write): run in each of
     # `writers` threads as write(run, writer, seconds), it writes that thread's share of the
     # run's events, spread over `seconds`, and calls run.committed() after each commit. It
-    # writes no poison and keeps no pace with a fault schedule: for scenarios without one.
+    # writes no poison and keeps no pace with a fault schedule: for scenarios without one, or
+    # whose schedule acts once the writing is over.
     write: Callable[["Run", int, float], None] | None = None
     writers: int = WRITERS
 

@@ -12,9 +12,15 @@ from scenarios.definitions import (
     CONCURRENT,
     IDLE_SAMPLES,
     LATE_LOCK_KEYS,
+    MISSING_TOPIC_EVENTS_PER_KEY,
+    MISSING_TOPIC_KEYS,
+    MISSING_TOPIC_LAG_P99_SECONDS,
     NUDGE_LAG_P99_SECONDS,
     NUDGE_PATH_RELAY_INTERVAL_SECONDS,
     NUDGE_WORKER_KILLS,
+    QUIET_BULK_REPLAYS,
+    QUIET_REPLAYS,
+    REPLAY_BOUND_SECONDS,
     WORKER_PROCESSES,
 )
 from tests.scenarios.limits import TEST_TIMEOUT_SECONDS
@@ -353,3 +359,65 @@ def test_writers_that_take_their_transaction_id_before_the_aggregate_s_lock(scen
     # What the run is about happened: writers of a key committed between the same two ticks
     # in the other order than their transaction ids'.
     assert extra["late_lock"]["late_lockers_in_one_span"] > 0, extra["late_lock"]
+
+
+def test_an_operator_s_replay_in_a_quiet_database_goes_out_within_seconds(scenario_run):
+    # Once every event is delivered and the relay has taken no tick for 2 s, delivered events
+    # are replayed with their own ids through the repairs service, one at a time, then in one
+    # bulk: each is published again, and the inbox counts the copy as a duplicate.
+    code, output, result = scenario_run("quiet-replay")
+    assert code == 0, output
+    _passes(result, output)
+    extra = result["extra"]
+    assert extra["quiet"]["quiet"], extra["quiet"]
+    replays = extra["replays"]
+    assert len(replays) == QUIET_REPLAYS + 1
+    assert sum(len(replay["events"]) for replay in replays) == QUIET_REPLAYS + QUIET_BULK_REPLAYS
+    for replay in replays:
+        # The replay held its events (read back in its own transaction) ...
+        assert replay["replayed"] == replay["held"] == len(replay["events"]), replay
+        # ... and each went out again within the bound.
+        delays = replay["delays"].values()
+        assert all(d is not None and d <= REPLAY_BOUND_SECONDS for d in delays), replay
+    # Nothing but the replays could wake the relay: no event row was written meanwhile.
+    assert extra["event_rows_written_after_quiet"] == 0
+    copies = extra["replay_copies_in_log"]
+    assert len(copies) == QUIET_REPLAYS + QUIET_BULK_REPLAYS
+    assert set(copies.values()) == {2}, copies
+    assert result["report"]["log_duplicates"] == QUIET_REPLAYS + QUIET_BULK_REPLAYS
+    assert all(count >= 1 for count in extra["duplicate_counts"].values()), extra
+    # The replays; the quiet moment, each wait for the copies and the inbox's count are checks.
+    _faults_seen(result, QUIET_REPLAYS + 1)
+    assert extra["checks_seen"] == QUIET_REPLAYS + 3
+
+
+def test_events_on_a_missing_topic_hold_their_keys_and_the_rest_flows(scenario_run):
+    # The relay's producer asks for no topic on demand. Events on a topic that does not exist
+    # hold their keys (each key's first event failed with UNKNOWN_TOPIC, and no failure was
+    # taken for a Kafka outage) while the run's own events flow; once the topic is created and
+    # the held events are retried through the repairs service, they all arrive in order.
+    code, output, result = scenario_run("missing-topic")
+    assert code == 0, output
+    _passes(result, output)
+    state = result["extra"]["missing_topic"]
+    held = state["held"]
+    assert held["held"] == held["events"] == MISSING_TOPIC_KEYS * MISSING_TOPIC_EVENTS_PER_KEY
+    assert len(held["heads"]) == MISSING_TOPIC_KEYS
+    for head in held["heads"].values():
+        assert head["first_event"], head
+        assert head["attempts"] >= 1, head
+        assert head["failed_records"] == head["attempts"], head
+        assert "UNKNOWN_TOPIC" in head["last_error"], head
+    assert held["published"] == 0
+    assert not held["topic_exists"]
+    lag = state["publish_lag"]
+    assert lag["events"] == result["events"]
+    assert lag["p99_ms"] <= MISSING_TOPIC_LAG_P99_SECONDS * 1000, lag
+    assert state["retried"] > 0
+    after = state["after_retry"]
+    assert after["log_records"] >= after["events"] == held["events"], after
+    assert after["problems"] == [], after
+    # The topic's creation and the retry; the flow, the held events and their arrival are
+    # checks.
+    _faults_seen(result, 2)
+    assert result["extra"]["checks_seen"] == 3
