@@ -50,7 +50,6 @@ from scenarios.conf import (
 )
 from scenarios.models import ScenarioAggregate, ScenarioEffect
 from scenarios.runner import (
-    MIN_TRANSACTIONS,
     PARTITIONS,
     SESSION_NAME_PREFIX,
     Fault,
@@ -840,25 +839,12 @@ def _nudge_path_start(run: Run) -> None:
     # The writing starts once a nudge has had the worker publish an event (on a topic of its
     # own): a relay task's first send creates its process's producer, which takes most of a
     # second, and belongs to the worker's start-up, not to the nudge path.
-    warm_up = f"{run.topic}.warm-up"
-    create_topic(warm_up)
-    with transaction.atomic():
-        event = outbox.publish(
-            aggregate_type=AGGREGATE_TYPE,
-            aggregate_id="warm-up",
-            event_type=EVENT_TYPE,
-            payload={"warm_up": True},
-            topic=warm_up,
-        )
-    began = time.monotonic()
-    while not _published_event(event.id):
-        if time.monotonic() - began > WORKER_BACK_SECONDS:
-            run.extra_problems.append(
-                f"no nudged relay task published in {WORKER_BACK_SECONDS:.0f} s of the start"
-            )
-            break
-        time.sleep(0.1)
-    run.extra["nudge"]["warm_up_seconds"] = round(time.monotonic() - began, 1)
+    warmed = _relay_warm_up(
+        run,
+        within=WORKER_BACK_SECONDS,
+        problem=f"no nudged relay task published in {WORKER_BACK_SECONDS:.0f} s of the start",
+    )
+    run.extra["nudge"]["warm_up_seconds"] = WORKER_BACK_SECONDS if warmed is None else warmed
     run.extra["nudge"]["worker_ready"] = bool(WORKER_READY.search(worker.log_text()))
 
 
@@ -1481,25 +1467,14 @@ def _spread_write(
     `seconds`. Unlike the runner's writers, its last transaction does not wait for the fault
     schedule, which can then act once the writing is over. After each of its commits,
     `then(run, writer, transaction, transactions)` may write more."""
-    numbers = [n for n in range(run.events) if (n % run.keys) % run.scenario.writers == writer]
-    most = run.scenario.events_per_transaction
-    size = max(1, min(most, -(-len(numbers) // MIN_TRANSACTIONS)))
+    numbers, size = run.writer_share(writer)
     batches = [numbers[first : first + size] for first in range(0, len(numbers), size)]
     started = time.monotonic()
     for index, batch in enumerate(batches):
         ahead = started + seconds * index / len(batches) - time.monotonic()
         if ahead > 0:
             time.sleep(ahead)
-        with transaction.atomic():
-            for number in batch:
-                key = f"k{number % run.keys}"
-                outbox.publish(
-                    aggregate_type=AGGREGATE_TYPE,
-                    aggregate_id=key,
-                    event_type=EVENT_TYPE,
-                    payload={"seq": number // run.keys, "n": number, "key": key},
-                    topic=run.topic,
-                )
+        run.publish_batch(batch)
         run.committed()
         if then is not None:
             then(run, writer, index, len(batches))
@@ -1565,13 +1540,14 @@ def _latest_tick_id() -> int:
 
 # How long the relay may take to start and publish its warm-up event.
 RELAY_UP_SECONDS = 60.0
+RELAY_UP_PROBLEM = f"the relay published nothing in {RELAY_UP_SECONDS:g} s"
 
 
-def _relay_warm_up(run: Run) -> float | None:
-    """Publishes an event on a topic of its own and waits until the relay has published it:
-    the relay process has started and created its producer, which takes seconds that belong
-    to its start, not to the publish lag of the run's events. Returns the seconds it took,
-    None after RELAY_UP_SECONDS."""
+def _relay_warm_up(run: Run, *, within: float, problem: str) -> float | None:
+    """Publishes an event on a topic of its own and waits until a relay has published it: the
+    relay process has started and created its producer, which takes seconds that belong to
+    its start, not to the publish lag of the run's events. Returns the seconds it took (to a
+    tenth); None after `within` seconds, with `problem` among the run's problems."""
     warm_up = f"{run.topic}.warm-up"
     create_topic(warm_up)
     with transaction.atomic():
@@ -1584,10 +1560,11 @@ def _relay_warm_up(run: Run) -> float | None:
         )
     began = time.monotonic()
     while not _published_event(event.id):
-        if time.monotonic() - began > RELAY_UP_SECONDS:
+        if time.monotonic() - began > within:
+            run.extra_problems.append(problem)
             return None
         time.sleep(0.1)
-    return time.monotonic() - began
+    return round(time.monotonic() - began, 1)
 
 
 # 21: an operator's replay of delivered events, in a quiet database --------------------------
@@ -1612,10 +1589,9 @@ def _quiet_replay_start(run: Run) -> None:
     event, so that the writing's publish lag, missing-topic's baseline, leaves out the
     relay's start."""
     _standard(run)
-    warmed = _relay_warm_up(run)
-    run.extra["relay_warm_up_seconds"] = None if warmed is None else round(warmed, 1)
-    if warmed is None:
-        run.extra_problems.append(f"the relay published nothing in {RELAY_UP_SECONDS:g} s")
+    run.extra["relay_warm_up_seconds"] = _relay_warm_up(
+        run, within=RELAY_UP_SECONDS, problem=RELAY_UP_PROBLEM
+    )
 
 
 def _wait_quiet(run: Run) -> dict[str, Any]:
@@ -1893,10 +1869,9 @@ def _missing_topic_start(run: Run) -> None:
         run.add_consumer(index)
     state: dict[str, Any] = {"topic": _missing_topic(run)}
     run.extra["missing_topic"] = state
-    warmed = _relay_warm_up(run)
-    state["relay_warm_up_seconds"] = None if warmed is None else round(warmed, 1)
-    if warmed is None:
-        run.extra_problems.append(f"the relay published nothing in {RELAY_UP_SECONDS:g} s")
+    state["relay_warm_up_seconds"] = _relay_warm_up(
+        run, within=RELAY_UP_SECONDS, problem=RELAY_UP_PROBLEM
+    )
     with transaction.atomic():
         for number in range(MISSING_TOPIC_KEYS):
             _publish_missing(run, number)

@@ -652,7 +652,7 @@ class Run:
 
     # Producing events ----------------------------------------------------------------------
 
-    def _publish_batch(self, numbers: list[int]) -> None:
+    def publish_batch(self, numbers: list[int]) -> None:
         """Publishes one transaction of events. A transaction whose commit may or may not
         have happened (the database crashed under it) is retried for the events that are
         missing, found by their number, so no event is written twice."""
@@ -703,17 +703,22 @@ class Run:
         steps = max(len(self.faults), self._faults_announced)
         return not planned or written <= (steps + 1) / (planned + 1)
 
+    def writer_share(self, writer: int) -> tuple[list[int], int]:
+        """The numbers of writer `writer`'s events, the keys k with k % writers == writer, in
+        order (one writer per key keeps each key's events in the order of their sequence
+        numbers), and the size of its transactions: small runs write smaller transactions, so
+        that events keep flowing between faults rather than in a few bursts."""
+        numbers = [
+            n for n in range(self.events) if (n % self.keys) % self.scenario.writers == writer
+        ]
+        most = self.scenario.events_per_transaction
+        return numbers, max(1, min(most, -(-len(numbers) // MIN_TRANSACTIONS)))
+
     def _write(self, writer: int, seconds: float, poison: int) -> None:
         """One writer: the events of the keys k with k % writers == writer, in order. One
         writer per key keeps each key's events in the order of their sequence numbers."""
         try:
-            numbers = [
-                n for n in range(self.events) if (n % self.keys) % self.scenario.writers == writer
-            ]
-            # Small runs write smaller transactions, so that events keep flowing between
-            # faults rather than in a few bursts.
-            most = self.scenario.events_per_transaction
-            size = max(1, min(most, -(-len(numbers) // MIN_TRANSACTIONS)))
+            numbers, size = self.writer_share(writer)
             started = _now()
             poison_producer = _poison_producer() if poison else None
             poisoned = 0
@@ -729,7 +734,7 @@ class Run:
                     )
                     self._writers_finished -= last
                 waited += _now() - waiting
-                self._publish_batch(batch)
+                self.publish_batch(batch)
                 self.committed()
                 done = first + len(batch)
                 while poison_producer and poisoned < poison * done // len(numbers):
