@@ -438,73 +438,77 @@ class LogRelay:
         self.outage_pause = min(self.outage_pause * 2, outbox_settings.RETRY_MAX_SECONDS)
 
     def _retry_held(self, result: LogRunResult) -> bool:
-        """Tries the head of each held key that is due; once a head goes, the rest of its key
-        follows in order until the next failure. Returns whether anything was tried."""
+        """Tries the head of each held key that is due, all in one send; then, in one more,
+        the rest of each key whose head went, in order until the next failure. A step waits
+        for the heads' delivery reports once, however many keys are due: a head nothing
+        answers (its partition without a leader) keeps the healthy heads waiting one delivery
+        timeout, not one each. Returns whether anything was tried."""
         done_tick_id = self._done_tick_id()
         if done_tick_id is None:
             return False
         due = held_heads_due(shards=self.owned, done_tick_id=done_tick_id, limit=HELD_KEYS_PER_STEP)
-        tracing = bool(due) and active_tracer() is not None
+        held_by_key: list[list[LogEvent]] = []
         for topic, key in due:
             events = held_events_read(topic=topic, key=key, limit=self.batch_size)
-            if not events:
+            if events:
+                held_by_key.append(events)
+            else:
                 # Its events were deleted (by hand, or with a test database): nothing to wait for.
                 held_orphans_drop(topic=topic, key=key)
-                continue
-            head = events[0]
-            unanswered = False
-            # The send spans' attempt numbers: read only when tracing is on.
-            self.sending_attempt = _held_attempts(events) if tracing else 1
-            # The head alone first: were it sent with the rest, a refused head could let its
-            # followers overtake it.
-            for group in ([head], events[1:]):
-                if not group:
-                    continue
-                sent = self._send(group)
-                if sent.delivered:
-                    held_release(relay_id=self.relay_id, records=sent.delivered)
-                    result.published += len(sent.delivered)
-                    # The failure, if any, is counted below, by whether it spent the attempts.
-                    self._observe(group, replace(sent, failed=[]))
-                if sent.failed or sent.fatal:
-                    delivered = {record.event_id for record in sent.delivered}
-                    first_failed = next(event for event in group if event.id not in delivered)
-                    failure = next(
-                        (r for r in sent.failed if r.event_id == first_failed.id),
-                        DeliveryRecord(
-                            event_id=first_failed.id,
-                            outcome=Outcome.FAILED,
-                            published_at=record_time(first_failed, datetime.now(UTC)),
-                            error="the producer failed before a report",
-                        ),
-                    )
-                    refused = failure.event_id in sent.refused
-                    spent = held_head_failed(
-                        relay_id=self.relay_id,
-                        record=failure,
-                        refused=refused,
-                        max_attempts=outbox_settings.MAX_ATTEMPTS,
-                        base_seconds=outbox_settings.RETRY_BASE_SECONDS,
-                        max_seconds=outbox_settings.RETRY_MAX_SECONDS,
-                    )
-                    counter = metrics.FAILED if spent else metrics.RETRIED
-                    counter.labels(topic=first_failed.topic).inc()
-                    result.failed += 1
-                    if sent.spans is not None:
-                        outcome = SendOutcome.FAILED if spent else SendOutcome.RETRYING
-                        sent.spans.finish(failure, outcome)
-                    # The rest of the group stays held behind the head.
-                    sent.finish_spans(SendOutcome.HELD)
-                    unanswered = not refused
-                    break
-                sent.finish_spans(SendOutcome.HELD)
-            if unanswered:
-                # Nothing took this try, nor refused it (it timed out, or failed after
-                # librdkafka's own retries): the other heads due wait for the next step, after
-                # this step's batches, rather than each wait as long before any batch of the
-                # healthy keys.
-                break
+        # The heads alone first: were a head sent with the rest of its key, a refused head
+        # could let its followers overtake it.
+        gone = self._retry_in_order([events[0] for events in held_by_key], result)
+        self._retry_in_order(
+            [event for events in held_by_key if _key_of(events[0]) in gone for event in events[1:]],
+            result,
+        )
         return bool(due)
+
+    def _retry_in_order(
+        self, events: Sequence[LogEvent], result: LogRunResult
+    ) -> set[tuple[str, str]]:
+        """Sends held events, each key's in order; releases those delivered and counts a
+        failed try on the first that did not go of each key, which stays held with those
+        behind it. Returns the keys of which every event went."""
+        if not events:
+            return set()
+        # The send spans' attempt numbers: read only when tracing is on.
+        self.sending_attempt = _held_attempts(events) if active_tracer() is not None else 1
+        sent = self._send(events)
+        if sent.delivered:
+            held_release(relay_id=self.relay_id, records=sent.delivered)
+            result.published += len(sent.delivered)
+            # The failures are counted below, by whether they spent the attempts.
+            self._observe(events, replace(sent, failed=[]))
+        delivered = {record.event_id for record in sent.delivered}
+        failures = {record.event_id: record for record in sent.failed}
+        stopped: set[tuple[str, str]] = set()
+        for event in events:
+            if event.id in delivered or _key_of(event) in stopped:
+                continue
+            stopped.add(_key_of(event))
+            failure = failures.get(event.id) or DeliveryRecord(
+                event_id=event.id,
+                outcome=Outcome.FAILED,
+                published_at=record_time(event, datetime.now(UTC)),
+                error="the producer failed before a report",
+            )
+            spent = held_head_failed(
+                relay_id=self.relay_id,
+                record=failure,
+                refused=event.id in sent.refused,
+                max_attempts=outbox_settings.MAX_ATTEMPTS,
+                base_seconds=outbox_settings.RETRY_BASE_SECONDS,
+                max_seconds=outbox_settings.RETRY_MAX_SECONDS,
+            )
+            counter = metrics.FAILED if spent else metrics.RETRIED
+            counter.labels(topic=event.topic).inc()
+            result.failed += 1
+            if sent.spans is not None:
+                sent.spans.finish(failure, SendOutcome.FAILED if spent else SendOutcome.RETRYING)
+        # The rest of each stopped key stays held behind its first failure.
+        sent.finish_spans(SendOutcome.HELD)
+        return {_key_of(event) for event in events} - stopped
 
     @staticmethod
     def _observe(events: Sequence[LogEvent], sent: SentBatch) -> None:
@@ -516,6 +520,10 @@ class LogRelay:
             metrics.PUBLISH_LAG.observe(max(lag, 0.0))
         for record in sent.failed:
             metrics.RETRIED.labels(topic=by_id[record.event_id].topic).inc()
+
+
+def _key_of(event: LogEvent) -> tuple[str, str]:
+    return (event.topic, event.key)
 
 
 def _held_attempts(events: Sequence[LogEvent]) -> dict[uuid.UUID, int]:

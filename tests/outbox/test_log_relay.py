@@ -256,6 +256,66 @@ def test_a_failed_event_holds_its_key_until_it_goes_then_the_rest_follows_in_ord
     ) == [("FAILED",), ("PUBLISHED",)]
 
 
+class CountsItsSends(LogRelay):
+    """A relay that counts its sends: each is one wait for delivery reports."""
+
+    sends = 0
+
+    def _send(self, events: Sequence[LogEvent]) -> SentBatch:
+        self.sends += 1
+        return super()._send(events)
+
+
+def test_the_due_heads_of_many_held_keys_go_in_one_send_and_their_followers_in_one_more(
+    kafka_topic, kafka_consumer_config, settings
+):
+    topic = kafka_topic(partitions=3)
+    keys = [f"k{number}" for number in range(6)]
+    # Every head is over the producer's first limit; k0's is over the second as well.
+    settings.OUTBOX = {
+        **settings.OUTBOX,
+        "PRODUCER_CONFIG": {"message.max.bytes": "2000"},
+        "MAX_ATTEMPTS": 5,
+    }
+    with transaction.atomic():
+        for seq in range(3):
+            for key in keys:
+                size = (5000 if key == "k0" else 3000) if seq == 0 else 10
+                outbox.publish(
+                    aggregate_type="order",
+                    aggregate_id=key,
+                    event_type="OrderPlaced",
+                    payload={"seq": seq, "filler": "x" * size},
+                    topic=topic,
+                )
+    relay = CountsItsSends()
+    try:
+        assert relay.run().held == 12  # six heads failed, two followers behind each
+        settings.OUTBOX = {**settings.OUTBOX, "PRODUCER_CONFIG": {"message.max.bytes": "4000"}}
+        close_producers()
+        OutboxHeldEvent.objects.update(next_attempt_at=timezone.now())  # as operators' retries
+        relay.sends = 0
+
+        retried = relay.run()
+
+        # The six heads in one send, the followers of the five that went in one more: not a
+        # send (and a wait for its reports) per key.
+        assert relay.sends == 2
+        assert (retried.published, retried.failed) == (15, 1)
+        head = OutboxHeldEvent.objects.order_by("position").first()
+        assert head is not None
+        assert (head.key, head.attempts) == ("k0", 2)
+        assert OutboxHeldEvent.objects.filter(key="k0").count() == 3
+        assert set(OutboxHeldEvent.objects.values_list("key", flat=True)) == {"k0"}
+    finally:
+        relay.close()
+    messages = consume_all(kafka_consumer_config, topic, expected=15)
+    by_key: dict[bytes, list[int]] = {}
+    for message in sorted(messages, key=lambda m: (m.partition(), m.offset())):
+        by_key.setdefault(message.key() or b"", []).append(payload_of(message)["seq"])
+    assert by_key == {key.encode(): [0, 1, 2] for key in keys[1:]}
+
+
 def test_a_head_that_keeps_failing_waits_for_an_operator_after_its_last_attempt(
     kafka_topic, log_relay, settings
 ):
