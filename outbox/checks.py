@@ -1,7 +1,7 @@
 """System checks: the shape of OUTBOX and KAFKA_EVENTS (kafka_events/conf.py: outbox.E010
 unknown key, E011 wrong type, E012 not a dict; kafka_events.E010 to E012 alike), then settings
 that would silently break the outbox's guarantees (E007: a producer property the relay sets
-itself, given in PRODUCER_CONFIG)."""
+itself, given in PRODUCER_CONFIG; E008: a partitioner that ignores the key)."""
 
 from typing import Any
 
@@ -9,7 +9,7 @@ from django.core.checks import CheckMessage, Error, Warning, register
 
 from kafka_events.conf import check_kafka_events_settings
 from outbox.conf import outbox_settings
-from outbox.producer import RELAY_OWNED_PRODUCER_CONFIG
+from outbox.producer import KEY_PARTITIONERS, RELAY_OWNED_PRODUCER_CONFIG
 from outbox.services.nudge import NUDGE_REDIS_SCHEMES, nudge_redis_url
 
 register(check_kafka_events_settings)
@@ -52,6 +52,18 @@ def check_outbox_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckM
                     id="outbox.E007",
                 )
             )
+    partitioner = outbox_settings.PRODUCER_CONFIG.get("partitioner")
+    if partitioner is not None and partitioner not in KEY_PARTITIONERS:
+        errors.append(
+            Error(
+                f'{name("PRODUCER_CONFIG")} sets "partitioner" to {partitioner!r}, which does '
+                "not place an event by its key: a key's events would spread over partitions "
+                "and lose their order.",
+                hint=f"Remove it, or name one of {', '.join(sorted(KEY_PARTITIONERS))} "
+                "(murmur2_random places keys as Java producers do).",
+                id="outbox.E008",
+            )
+        )
     url = outbox_settings.NUDGE_REDIS_URL
     if url is not None and not url.startswith(NUDGE_REDIS_SCHEMES):
         errors.append(

@@ -47,14 +47,33 @@ RELAY_OWNED_PRODUCER_CONFIG = {
     f"{outbox_settings.name('PRODUCER_DELIVERY_TIMEOUT_MS')}, at least 60 s; set that.",
 }
 
+# librdkafka's partitioners that place a record by a hash of its key: every event of a key in
+# one partition, which order per key rests on. An event's key is never empty, so the *_random
+# variants (random only for an empty key) keep it too; murmur2 is the Java client's. "random"
+# ignores the key: refused by check outbox.E008 and ignored by the producer.
+KEY_PARTITIONERS = frozenset(
+    {"consistent", "consistent_random", "murmur2", "murmur2_random", "fnv1a", "fnv1a_random"}
+)
+
+
+def ignored_producer_config(extra: dict[str, Any]) -> list[str]:
+    """The keys of OUTBOX["PRODUCER_CONFIG"] the producer leaves out: those the relay sets
+    itself, and a partitioner that does not place records by their key."""
+    return sorted(
+        key
+        for key, value in extra.items()
+        if key in RELAY_OWNED_PRODUCER_CONFIG
+        or (key == "partitioner" and value not in KEY_PARTITIONERS)
+    )
+
 
 def producer_config(*, transactional_id: str | None = None) -> dict[str, Any]:
     extra = outbox_settings.PRODUCER_CONFIG
-    ignored = sorted(key for key in extra if key in RELAY_OWNED_PRODUCER_CONFIG)
+    ignored = ignored_producer_config(extra)
     if ignored:
         # Check outbox.E007 refuses them, but a Celery worker starts whatever its checks find.
         logger.warning(
-            'Outbox producer ignores %s of OUTBOX["PRODUCER_CONFIG"]: the relay sets them',
+            'Outbox producer ignores %s of OUTBOX["PRODUCER_CONFIG"] (see outbox.E007, E008)',
             ", ".join(ignored),
         )
     delivery_timeout_ms = outbox_settings.PRODUCER_DELIVERY_TIMEOUT_MS
@@ -63,7 +82,7 @@ def producer_config(*, transactional_id: str | None = None) -> dict[str, Any]:
         "linger.ms": outbox_settings.PRODUCER_LINGER_MS,
         "batch.size": outbox_settings.PRODUCER_BATCH_SIZE,
         "compression.type": outbox_settings.PRODUCER_COMPRESSION,
-        **{key: value for key, value in extra.items() if key not in RELAY_OWNED_PRODUCER_CONFIG},
+        **{key: value for key, value in extra.items() if key not in ignored},
         "message.timeout.ms": delivery_timeout_ms,
         **GUARANTEED_PRODUCER_CONFIG,
     }

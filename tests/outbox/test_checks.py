@@ -83,6 +83,18 @@ def test_the_producer_keeps_its_own_delivery_timeout_whatever_producer_config_sa
     assert "transactional.id" not in producer_config()
 
 
+def test_a_partitioner_that_ignores_the_key_is_an_error_and_the_producer_leaves_it_out(
+    settings,
+):
+    settings.OUTBOX = {**settings.OUTBOX, "PRODUCER_CONFIG": {"partitioner": "random"}}
+    assert ids() == ["outbox.E008"]
+    assert "partitioner" not in producer_config()
+    # Java producers' placement of keys is allowed: each key still goes to one partition.
+    settings.OUTBOX = {**settings.OUTBOX, "PRODUCER_CONFIG": {"partitioner": "murmur2_random"}}
+    assert ids() == []
+    assert producer_config()["partitioner"] == "murmur2_random"
+
+
 def test_stale_relay_ticks_expire_instead_of_piling_up(settings):
     entry = settings.CELERY_BEAT_SCHEDULE["outbox-relay"]
     assert entry["options"]["expires"] >= 3 * entry["schedule"]
