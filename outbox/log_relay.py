@@ -439,7 +439,8 @@ class LogRelay:
 
     def _retry_held(self, result: LogRunResult) -> bool:
         """Tries the head of each held key that is due, all in one send; then, in one more,
-        the rest of each key whose head went, in order until the next failure. A step waits
+        up to a batch of the events behind the heads that went, each key's in order until its
+        next failure (the rest go at the next step, their key's new head due). A step waits
         for the heads' delivery reports once, however many keys are due: a head nothing
         answers (its partition without a leader) keeps the healthy heads waiting one delivery
         timeout, not one each. Returns whether anything was tried."""
@@ -447,21 +448,24 @@ class LogRelay:
         if done_tick_id is None:
             return False
         due = held_heads_due(shards=self.owned, done_tick_id=done_tick_id, limit=HELD_KEYS_PER_STEP)
-        held_by_key: list[list[LogEvent]] = []
+        heads = []
         for topic, key in due:
-            events = held_events_read(topic=topic, key=key, limit=self.batch_size)
-            if events:
-                held_by_key.append(events)
+            head = held_events_read(topic=topic, key=key, limit=1)
+            if head:
+                heads.extend(head)
             else:
                 # Its events were deleted (by hand, or with a test database): nothing to wait for.
                 held_orphans_drop(topic=topic, key=key)
         # The heads alone first: were a head sent with the rest of its key, a refused head
         # could let its followers overtake it.
-        gone = self._retry_in_order([events[0] for events in held_by_key], result)
-        self._retry_in_order(
-            [event for events in held_by_key if _key_of(events[0]) in gone for event in events[1:]],
-            result,
-        )
+        gone = self._retry_in_order(heads, result)
+        # Then the events behind the heads that went (no longer held), a batch in all.
+        followers: list[LogEvent] = []
+        for head in heads:
+            room = self.batch_size - len(followers)
+            if _key_of(head) in gone and room > 0:
+                followers.extend(held_events_read(topic=head.topic, key=head.key, limit=room))
+        self._retry_in_order(followers, result)
         return bool(due)
 
     def _retry_in_order(
