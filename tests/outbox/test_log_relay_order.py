@@ -341,9 +341,7 @@ def test_a_kafka_transaction_whose_commit_timed_out_replaces_its_producer(
     assert len({headers_of(m)["event_id"] for m in messages}) == 3
 
 
-def test_an_outage_spends_no_held_head_s_last_attempt(
-    kafka_topic, log_relay, settings
-):
+def test_an_outage_spends_no_held_head_s_last_attempt(kafka_topic, log_relay, settings):
     topic = kafka_topic()
     # The producer refuses both keys' first event: two heads held, one attempt left each.
     settings.OUTBOX = {
