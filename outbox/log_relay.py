@@ -448,11 +448,11 @@ class LogRelay:
         if done_tick_id is None:
             return False
         due = held_heads_due(shards=self.owned, done_tick_id=done_tick_id, limit=HELD_KEYS_PER_STEP)
-        heads = []
+        heads: list[LogEvent] = []
         for topic, key in due:
-            head = held_events_read(topic=topic, key=key, limit=1)
-            if head:
-                heads.extend(head)
+            first = held_events_read(topic=topic, key=key, limit=1)
+            if first:
+                heads.extend(first)
             else:
                 # Its events were deleted (by hand, or with a test database): nothing to wait for.
                 held_orphans_drop(topic=topic, key=key)
