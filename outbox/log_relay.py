@@ -58,6 +58,7 @@ from outbox.services.event_log.shards import (
     relay_join,
     relay_leave,
     relays_running,
+    session_kept_check,
     shards_lock,
     shards_unlock,
 )
@@ -202,6 +203,7 @@ class LogRelay:
             # A new database session: the locks of the old one went with it. So may the ticks
             # this relay knows (after a crash of PostgreSQL, a tick not yet on disk is gone and
             # its id may name another snapshot): they are read again.
+            session_kept_check()
             self.owned, self.owner_pid, self.ticks = (), pid, {}
             relay_join(relay_id=self.relay_id)
         elif time.monotonic() < self.share_checked_at + SHARE_CHECK_SECONDS:

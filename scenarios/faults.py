@@ -42,6 +42,8 @@ def isolated_environment(block: ports.PortBlock | None = None) -> dict[str, str]
     return {
         "LOCAL_DIR": str(ports.local_dir()),
         "DATABASE_URL": f"postgres://outbox:outbox@127.0.0.1:{block.postgres}/{DATABASE_NAME}",
+        "PGBOUNCER_PORT": str(block.session_pool),
+        "PGBOUNCER_TRANSACTION_PORT": str(block.transaction_pool),
         "CELERY_BROKER_URL": f"redis://127.0.0.1:{block.redis}/0",
         "KAFKA_BROKERS": str(BROKERS),
         "KAFKA_PORT_BASE": str(block.kafka_port_base),

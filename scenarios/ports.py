@@ -3,8 +3,9 @@
 The scenarios crash brokers and PostgreSQL through this checkout's pid files (under its
 `.local/scenarios`). Services of another checkout answering on the same ports would take the
 traffic while the faults hit nothing, so before the services start, the ports are claimed:
-- a block of ports (PostgreSQL, Redis, three brokers and their controllers) is recorded in
-  `.local/scenarios/port-block`; block 0 is 25432, 26379, 19092-19094 and 19095-19097, block
+- a block of ports (PostgreSQL, PgBouncer in session and in transaction mode, Redis, three
+  brokers and their controllers) is recorded in `.local/scenarios/port-block`; block 0 is
+  25432, 25433-25434, 26379, 19092-19094 and 19095-19097, block
   n adds n * 100 to each. Every block lies below Linux's ephemeral range (32768-60999 by
   default): a port in it may be the local end of any outgoing connection at the moment a
   service binds it, which no check of listening sockets can foresee;
@@ -49,6 +50,16 @@ class PortBlock:
         return self._port(25432)
 
     @property
+    def session_pool(self) -> int:
+        """PgBouncer in session mode, in front of the block's PostgreSQL."""
+        return self._port(25433)
+
+    @property
+    def transaction_pool(self) -> int:
+        """PgBouncer in transaction mode."""
+        return self._port(25434)
+
+    @property
     def redis(self) -> int:
         return self._port(26379)
 
@@ -69,7 +80,12 @@ class PortBlock:
 
     def ports(self) -> dict[int, str]:
         """Every port of the block, and the service that should answer on it."""
-        ports = {self.postgres: "postgres", self.redis: "redis"}
+        ports = {
+            self.postgres: "postgres",
+            self.session_pool: "pgbouncer session",
+            self.transaction_pool: "pgbouncer transaction",
+            self.redis: "redis",
+        }
         for node in range(1, BROKERS + 1):
             ports[self.kafka(node)] = f"kafka node {node}"
             ports[self.controller(node)] = f"kafka node {node}"
@@ -112,6 +128,8 @@ def own_pids(local: Path | None = None) -> dict[str, int]:
     local = local or local_dir()
     pid_files = {
         "postgres": local / "postgres" / "data" / "postmaster.pid",
+        "pgbouncer session": local / "pgbouncer" / "session.pid",
+        "pgbouncer transaction": local / "pgbouncer" / "transaction.pid",
         "redis": local / "redis" / "redis.pid",
         **{
             f"kafka node {node}": local / "kafka" / f"node-{node}" / "kafka.pid"

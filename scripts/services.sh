@@ -31,6 +31,11 @@
 #                            (/api/v2/spans) on 127.0.0.1
 #   ZIPKIN_HEAP              -Xms64m -Xmx512m: its JVM's heap options
 #   ZIPKIN_MAX_SPANS         100000: spans kept in memory (the oldest traces go first)
+#   PGBOUNCER_PORT           6432: PgBouncer in session mode (a client keeps its server
+#                            connection until it disconnects; DISCARD ALL after), in front of
+#                            the PostgreSQL of DATABASE_URL, every database name
+#   PGBOUNCER_TRANSACTION_PORT 6433: PgBouncer in transaction mode (a server connection per
+#                            transaction), the same
 #   LOCAL_DIR                .local: data and logs; a second set of services (other ports,
 #                            another LOCAL_DIR) can run beside the first, e.g. for fault tests
 set -euo pipefail
@@ -181,6 +186,86 @@ postgres_down() {
 postgres_status() {
   parse_database_url
   if pg_ready; then log postgres "healthy at $PG_HOST:$PG_PORT"; else log postgres "down at $PG_HOST:$PG_PORT"; return 1; fi
+}
+
+# --- PgBouncer ---------------------------------------------------------------------------
+# Two poolers in front of PostgreSQL, one per pool mode, as production runs them: the tests
+# and the scenarios publish, consume and relay through them (docs/integration.md).
+
+PGBOUNCER_DIR="$LOCAL_DIR/pgbouncer"
+PGBOUNCER_PORT="${PGBOUNCER_PORT:-6432}"
+PGBOUNCER_TRANSACTION_PORT="${PGBOUNCER_TRANSACTION_PORT:-6433}"
+
+pgbouncer_port() { if [[ "$1" == session ]]; then echo "$PGBOUNCER_PORT"; else echo "$PGBOUNCER_TRANSACTION_PORT"; fi; }
+pgbouncer_pidfile() { echo "$PGBOUNCER_DIR/$1.pid"; }
+pgbouncer_ready() { port_open 127.0.0.1 "$(pgbouncer_port "$1")"; }
+
+pgbouncer_up() {
+  parse_database_url
+  [[ -x /usr/sbin/pgbouncer ]] || apt_install pgbouncer
+  local mode
+  mkdir -p "$PGBOUNCER_DIR"
+  chown postgres: "$PGBOUNCER_DIR"
+  # The application role's password, as the poolers ask clients for it (SCRAM); PostgreSQL
+  # behind them trusts loopback connections.
+  printf '"%s" "%s"\n' "$PG_USER" "$PG_PASSWORD" >"$PGBOUNCER_DIR/userlist.txt"
+  for mode in session transaction; do
+    if pgbouncer_ready "$mode"; then
+      log pgbouncer "$mode mode running at 127.0.0.1:$(pgbouncer_port "$mode")"
+      continue
+    fi
+    # Every database name goes to the same server, so the tests' databases are reachable too.
+    # `options` (DATABASE_OPTIONS' jit=off) is a startup parameter PgBouncer cannot pass on.
+    cat >"$PGBOUNCER_DIR/$mode.ini" <<INI
+[databases]
+* = host=$PG_HOST port=$PG_PORT
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $(pgbouncer_port "$mode")
+unix_socket_dir =
+pool_mode = $mode
+auth_type = scram-sha-256
+auth_file = $PGBOUNCER_DIR/userlist.txt
+# The application role may KILL a database's server connections (the tests, before they drop
+# their database).
+admin_users = $PG_USER
+max_client_conn = 400
+default_pool_size = 40
+ignore_startup_parameters = extra_float_digits, options
+logfile = $PGBOUNCER_DIR/$mode.log
+pidfile = $(pgbouncer_pidfile "$mode")
+INI
+    chown postgres: "$PGBOUNCER_DIR/$mode.ini" "$PGBOUNCER_DIR/userlist.txt"
+    # PgBouncer refuses to run as root: it runs as PostgreSQL's system user.
+    as_postgres /usr/sbin/pgbouncer -d -q "$PGBOUNCER_DIR/$mode.ini"
+    wait_for "pgbouncer ($mode)" pgbouncer_ready "$mode"
+    log pgbouncer "$mode mode started at 127.0.0.1:$(pgbouncer_port "$mode")"
+  done
+}
+
+pgbouncer_down() {
+  local mode pid
+  for mode in session transaction; do
+    pid="$(cat "$(pgbouncer_pidfile "$mode")" 2>/dev/null || true)"
+    if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
+      kill "$pid"
+      while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+      log pgbouncer "$mode mode stopped"
+    fi
+  done
+}
+
+pgbouncer_status() {
+  local mode status=0
+  for mode in session transaction; do
+    if pgbouncer_ready "$mode"; then
+      log pgbouncer "$mode mode healthy at 127.0.0.1:$(pgbouncer_port "$mode")"
+    else
+      log pgbouncer "$mode mode down at 127.0.0.1:$(pgbouncer_port "$mode")"
+      status=1
+    fi
+  done
+  return "$status"
 }
 
 # --- Redis -------------------------------------------------------------------------------
@@ -597,6 +682,7 @@ case "$command" in
   up)
     mkdir -p "$LOCAL_DIR"
     postgres_up
+    pgbouncer_up
     redis_up
     kafka_up
     if tracing_enabled; then zipkin_up; fi
@@ -605,11 +691,13 @@ case "$command" in
     zipkin_down
     kafka_down
     redis_down
+    pgbouncer_down
     postgres_down
     ;;
   status)
     status=0
     postgres_status || status=1
+    pgbouncer_status || status=1
     redis_status || status=1
     kafka_status || status=1
     zipkin_status || status=1

@@ -1,9 +1,11 @@
 """Fixtures shared by the whole suite. The services are real: `make test` starts
 PostgreSQL, Redis and Apache Kafka before pytest runs."""
 
+import os
 import re
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ import pytest
 import redis
 from confluent_kafka.admin import AdminClient, NewTopic
 from django.conf import settings
+from django.db import connection
 
 from kafka_events.conf import kafka_settings
 from kafka_events.kafka import kafka_connection_config
@@ -39,6 +42,34 @@ def connect_outside_django(database: dict[str, Any], **options: Any) -> psycopg.
         dbname=database["NAME"],
         **options,
     )
+
+
+# The ports scripts/services.sh gives PgBouncer in session mode and in transaction mode, in
+# front of the database of DATABASE_URL (every database name).
+SESSION_POOL_PORT = int(os.environ.get("PGBOUNCER_PORT", "6432"))
+TRANSACTION_POOL_PORT = int(os.environ.get("PGBOUNCER_TRANSACTION_PORT", "6433"))
+
+
+@contextmanager
+def connected_through(port: int) -> Iterator[None]:
+    """Django's connection goes to the same database through the pooler at `port` meanwhile.
+    Then the pooler lets go of its server connections to the database, which the test run
+    drops at its end."""
+    settings_dict = connection.settings_dict
+    direct = settings_dict["PORT"]
+    connection.close()
+    settings_dict["PORT"] = port
+    try:
+        yield
+    finally:
+        connection.close()
+        settings_dict["PORT"] = direct
+        with connect_outside_django(
+            {**settings_dict, "PORT": port, "NAME": "pgbouncer"}, autocommit=True
+        ) as console:
+            # KILL pauses the database too: RESUME lets the next clients in.
+            console.execute(f'KILL "{settings_dict["NAME"]}"')
+            console.execute(f'RESUME "{settings_dict["NAME"]}"')
 
 
 @pytest.fixture(autouse=True)

@@ -42,7 +42,15 @@ def test_the_running_isolated_services_are_this_checkouts_own(isolated_services)
     block = ports.recorded_block()
     assert ports.foreign_listeners(block) == {}
     own = ports.own_pids()
-    assert set(own) == {"postgres", "redis", "kafka node 1", "kafka node 2", "kafka node 3"}
+    assert set(own) == {
+        "postgres",
+        "pgbouncer session",
+        "pgbouncer transaction",
+        "redis",
+        "kafka node 1",
+        "kafka node 2",
+        "kafka node 3",
+    }
     # Each port the faults aim at is served by the pid the faults would signal.
     listeners = ports.listener_pids(set(block.ports()))
     for port, service in block.ports().items():

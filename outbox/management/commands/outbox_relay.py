@@ -14,13 +14,14 @@ from types import FrameType
 from typing import Any
 
 import psycopg
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connection
 
 from kafka_events.tracing import configure_tracing
 from outbox.log_relay import LogRelay
 from outbox.producer import close_producers, get_producer
 from outbox.relay import transactional_id_for
+from outbox.services.event_log.shards import RelayNeedsItsSession
 from outbox.services.nudge import NOTIFY_CHANNEL
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,9 @@ class Command(BaseCommand):
                         # (a backlog): go on at once rather than wait for a notification.
                         self._wait_for_notification(listener, options["poll_seconds"])
                     backoff = DATABASE_RETRY_SECONDS
+                except RelayNeedsItsSession as error:
+                    # A setting to change, not a failure to wait out.
+                    raise CommandError(str(error)) from error
                 except (DatabaseError, psycopg.Error) as error:
                     # PostgreSQL restarting or unreachable: the cursors stay where they are;
                     # keep trying rather than exit and need a supervisor.

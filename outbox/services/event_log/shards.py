@@ -3,6 +3,7 @@ relays count each other."""
 
 from collections.abc import Sequence
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
 # A key belongs to shard (hashtext(key) & 2147483647) % SHARD_COUNT for good: the migration
@@ -87,6 +88,41 @@ def backend_pid() -> int:
         pid = int(cursor.fetchone()[0])
     setattr(connection, BACKEND_PID_ATTRIBUTE, (database_connection, pid))
     return pid
+
+
+class RelayNeedsItsSession(ImproperlyConfigured):
+    """The relay's database connection does not keep one server session between its
+    transactions: it goes through a pooler in transaction mode."""
+
+
+def session_kept_check() -> None:
+    """Raises RelayNeedsItsSession when this connection's server session is handed to other
+    clients between transactions, as a pooler in transaction mode does. The relay owns its
+    shards by advisory locks of its session, which there would stay with a server connection
+    some other client uses (no relay could take those shards until the pooler closed it), and
+    it LISTENs and keeps a temporary table in its session.
+
+    Asked by a second connection to the same place: a pooler in transaction mode gives it the
+    server connection this one just released (PgBouncer reuses the most recently used one
+    first), so both see one process id; directly, or in session mode, this connection keeps
+    its own."""
+    pid = backend_pid()
+    probe = connection.get_new_connection(connection.get_connection_params())
+    try:
+        with probe.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            other = int(cursor.fetchone()[0])
+    finally:
+        probe.close()
+    if other == pid:
+        raise RelayNeedsItsSession(
+            "The outbox relay needs a database session of its own, and its connection goes "
+            "through a pooler in transaction mode: two of its connections got one server "
+            f"session (process {pid}). Give the relay's processes (manage.py outbox_relay, and "
+            "the Celery workers that run outbox.tasks.relay) a DATABASES['default'] that "
+            "reaches PostgreSQL directly or through a pool in session mode (in this project: "
+            "their DATABASE_URL). Publishing and consuming work through either mode."
+        )
 
 
 class ShardLost(Exception):
