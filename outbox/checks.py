@@ -19,6 +19,7 @@ POSITIVE = {
     "MAX_ATTEMPTS": "outbox.E002",
     "BATCH_SIZE": "outbox.E003",
     "MAX_PAYLOAD_BYTES": "outbox.E004",
+    "BATCH_MAX_BYTES": "outbox.E009",
 }
 
 

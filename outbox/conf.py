@@ -23,8 +23,10 @@ DEFAULTS: dict[str, Any] = {
     # whole seconds); a relay run loops while it finds full batches. The project's
     # CELERY_BEAT_SCHEDULE runs outbox.tasks.relay this often.
     "RELAY_INTERVAL": 1.0,
-    # Events the relay reads and produces per batch.
+    # Events the relay reads and produces per batch, and the payload bytes (as PostgreSQL
+    # stores them: compressed when large) a batch holds at most, past its first event.
     "BATCH_SIZE": 1000,
+    "BATCH_MAX_BYTES": 16 * 1024 * 1024,
     # A relay run stops looping after this many seconds, so overlapping beat ticks stay short.
     "RELAY_MAX_RUN_SECONDS": 10.0,
     # Sends the relay task when a transaction that published events commits.

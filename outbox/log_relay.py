@@ -282,7 +282,11 @@ class LogRelay:
                 self.ticks = {since.id: since, until.id: until}
             assert until is not None
             events, span_done = batch_read(
-                cursor=cursor, since=since, until=until, limit=self.batch_size
+                cursor=cursor,
+                since=since,
+                until=until,
+                limit=self.batch_size,
+                max_bytes=outbox_settings.BATCH_MAX_BYTES,
             )
             if events:
                 break

@@ -1111,6 +1111,7 @@ def _batch_read_ms(since: Tick, until: Tick) -> tuple[float, int]:
             since=since,
             until=until,
             limit=outbox_settings.BATCH_SIZE,
+            max_bytes=outbox_settings.BATCH_MAX_BYTES,
         )
         events = len(found)
         times.append((time.perf_counter() - began) * 1000)

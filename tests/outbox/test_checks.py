@@ -101,11 +101,17 @@ def test_stale_relay_ticks_expire_instead_of_piling_up(settings):
 
 
 def test_counts_below_one_are_errors_naming_the_key(settings):
-    settings.OUTBOX = {"MAX_ATTEMPTS": 0, "BATCH_SIZE": 0, "MAX_PAYLOAD_BYTES": 0}
+    settings.OUTBOX = {
+        "MAX_ATTEMPTS": 0,
+        "BATCH_SIZE": 0,
+        "MAX_PAYLOAD_BYTES": 0,
+        "BATCH_MAX_BYTES": 0,
+    }
     assert [(m.id, m.msg) for m in check_outbox_settings()] == [
         ("outbox.E002", 'OUTBOX["MAX_ATTEMPTS"] must be at least 1.'),
         ("outbox.E003", 'OUTBOX["BATCH_SIZE"] must be at least 1.'),
         ("outbox.E004", 'OUTBOX["MAX_PAYLOAD_BYTES"] must be at least 1.'),
+        ("outbox.E009", 'OUTBOX["BATCH_MAX_BYTES"] must be at least 1.'),
     ]
 
 

@@ -266,6 +266,60 @@ class CountsItsSends(LogRelay):
         return super()._send(events)
 
 
+class RemembersItsBatches(LogRelay):
+    """A relay that remembers how many events each of its sends held."""
+
+    def __init__(self, **options: object) -> None:
+        super().__init__(**options)  # type: ignore[arg-type]
+        self.batches: list[int] = []
+
+    def _send(self, events: Sequence[LogEvent]) -> SentBatch:
+        self.batches.append(len(events))
+        return super()._send(events)
+
+
+@pytest.mark.parametrize("batch_size", [1000, 10])
+def test_a_batch_holds_about_batch_max_bytes_of_payload_and_at_least_one_event(
+    kafka_topic, kafka_consumer_config, settings, batch_size
+):
+    topic = kafka_topic(partitions=2)
+    # Payloads of about 1,500 bytes (stored uncompressed: under PostgreSQL's TOAST threshold),
+    # with a bound of 4,000: the third event of a batch passes it, the fourth is not read.
+    settings.OUTBOX = {**settings.OUTBOX, "BATCH_MAX_BYTES": 4000}
+    with transaction.atomic():
+        for seq in range(30):
+            outbox.publish(
+                aggregate_type="order",
+                aggregate_id=f"order-{seq % 3}",
+                event_type="OrderPlaced",
+                payload={"seq": seq // 3, "filler": "x" * 1500},
+                topic=topic,
+            )
+    # An event over the bound by itself still goes.
+    with transaction.atomic():
+        outbox.publish(
+            aggregate_type="order",
+            aggregate_id="order-0",
+            event_type="OrderPlaced",
+            payload={"seq": 10, "filler": "y" * 6000},
+            topic=topic,
+        )
+    relay = RemembersItsBatches(batch_size=batch_size)
+    try:
+        assert relay.run().published == 31
+    finally:
+        relay.close()
+
+    # With batches of 10 events the span is sent from the relay's span table; with 1,000 it
+    # is read whole, cut at the bound, then sent from the span table the same way.
+    assert max(relay.batches) == 3
+    assert sum(relay.batches) == 31
+    assert relay.batches[-1] == 1
+    messages = consume_all(kafka_consumer_config, topic, expected=31)
+    assert len(messages) == 31
+    assert_order_per_key(messages)
+
+
 def test_the_due_heads_of_many_held_keys_go_in_one_send_and_their_followers_in_one_more(
     kafka_topic, kafka_consumer_config, settings
 ):

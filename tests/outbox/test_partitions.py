@@ -12,6 +12,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 import outbox
+from outbox.conf import DEFAULTS
 from outbox.errors import DuplicateEvent
 from outbox.log_relay import LogRelay
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
@@ -268,7 +269,9 @@ def test_a_batch_of_a_large_span_reads_no_more_events_than_it_returns():
         cursor.execute("ANALYZE outbox_event")  # as autovacuum does after such an insert
     until = tick_take(after=since)
     assert until is not None
-    first, first_done = batch_read(cursor=start, since=since, until=until, limit=10)
+    first, first_done = batch_read(
+        cursor=start, since=since, until=until, limit=10, max_bytes=DEFAULTS["BATCH_MAX_BYTES"]
+    )
     # The next batch starts inside the span, after the first batch's last event.
     inside = Cursor(
         shards=ALL_SHARDS,
@@ -278,7 +281,9 @@ def test_a_batch_of_a_large_span_reads_no_more_events_than_it_returns():
     )
     before = index_tuples_fetched("outbox_event")
 
-    second, second_done = batch_read(cursor=inside, since=since, until=until, limit=10)
+    second, second_done = batch_read(
+        cursor=inside, since=since, until=until, limit=10, max_bytes=DEFAULTS["BATCH_MAX_BYTES"]
+    )
 
     assert not first_done
     assert not second_done

@@ -71,16 +71,24 @@ SPAN_TABLE = "outbox_relay_span"
 SPAN_ATTRIBUTE = "outbox_relay_span"
 
 _SPAN_TABLE_CREATE = (
-    f"CREATE TEMPORARY TABLE IF NOT EXISTS {SPAN_TABLE} "
-    "(position bigint NOT NULL, txid xid8 NOT NULL, created_at timestamptz NOT NULL)",
+    f"CREATE TEMPORARY TABLE IF NOT EXISTS {SPAN_TABLE} (position bigint NOT NULL, "
+    "txid xid8 NOT NULL, created_at timestamptz NOT NULL, stored_bytes integer NOT NULL)",
     f"CREATE INDEX IF NOT EXISTS {SPAN_TABLE}_position_idx ON {SPAN_TABLE} (position)",
 )
 
 _SPAN_TABLE_BATCH_SQL = f"""
-SELECT {{columns}}
+SELECT {{columns}}, place.running_bytes
 FROM (
-    SELECT position, txid, created_at FROM {SPAN_TABLE}
-    WHERE position > %(position)s ORDER BY position LIMIT %(limit)s
+    SELECT * FROM (
+        SELECT position, txid, created_at, stored_bytes,
+               sum(stored_bytes) OVER (ORDER BY position ROWS UNBOUNDED PRECEDING)
+                   AS running_bytes
+        FROM (
+            SELECT * FROM {SPAN_TABLE}
+            WHERE position > %(position)s ORDER BY position LIMIT %(limit)s
+        ) AS next
+    ) AS sized
+    WHERE running_bytes - stored_bytes < %(max_bytes)s
 ) AS place
 CROSS JOIN LATERAL (
     SELECT * FROM outbox_event AS event
@@ -91,11 +99,26 @@ ORDER BY place.position
 """  # noqa: S608 (constants only)
 
 
+# A span's events with the size of each payload as PostgreSQL stores it (compressed when large;
+# read without decompressing it) and their running total in the order read. The events up to
+# the one that brings the total past %(max_bytes)s are returned, never none: the payloads that
+# would not be sent are never converted to text for the relay.
+_SPAN_WITHIN_BYTES_SQL = """
+SELECT * FROM (
+    SELECT span.*, sum(span.stored_bytes) OVER (ROWS UNBOUNDED PRECEDING) AS running_bytes
+    FROM ({span} LIMIT %(limit)s + 1) AS span
+) AS span
+WHERE span.running_bytes - span.stored_bytes < %(max_bytes)s
+"""
+_STORED_BYTES = "pg_column_size(event.payload) AS stored_bytes"
+
+
 def batch_read(
-    *, cursor: Cursor, since: Tick, until: Tick, limit: int
+    *, cursor: Cursor, since: Tick, until: Tick, limit: int, max_bytes: int
 ) -> tuple[list[LogEvent], bool]:
     """The next events of the span between ticks `since` and `until` after `cursor`, up to
-    `limit`, in position order; and whether they are the last of the span.
+    `limit` events and about `max_bytes` of payload (at least one event), in position order;
+    and whether they are the last of the span.
 
     Position order is the order in which the events were written (a sequence drawn at insert).
     Within a span it is commit order for writers that serialize on the key (a transaction that
@@ -110,30 +133,43 @@ def batch_read(
         "shards": list(cursor.shards),
         "position": cursor.position,
         "limit": limit,
+        "max_bytes": max_bytes,
     }
     columns = _EVENT_COLUMNS.format(shard=shard)
     if cursor.until_tick_id is None:
         # Most spans fit in a batch: read whole, and ordered here.
-        rows = _fetch(
-            _SPAN_SQL.format(columns=columns, shard_filter=shard_filter) + "LIMIT %(limit)s + 1",
-            params,
+        span_sql = _SPAN_SQL.format(
+            columns=f"{columns}, {_STORED_BYTES}", shard_filter=shard_filter
         )
-        if len(rows) <= limit:
+        rows = _fetch(_SPAN_WITHIN_BYTES_SQL.format(span=span_sql), params)
+        if len(rows) <= limit and not _past(rows, max_bytes):
             return sorted((log_event_from_row(row) for row in rows), key=_by_position), True
     span = (connection.connection, since.id, until.id, cursor.shards)
     if getattr(connection, SPAN_ATTRIBUTE, None) != span:
         places = _SPAN_SQL.format(
-            columns="event.position, event.txid, event.created_at", shard_filter=shard_filter
+            columns=f"event.position, event.txid, event.created_at, {_STORED_BYTES}",
+            shard_filter=shard_filter,
         )
         with transaction.atomic(), connection.cursor() as db:
             for statement in _SPAN_TABLE_CREATE:
                 db.execute(statement)
             db.execute(f"TRUNCATE {SPAN_TABLE}")
-            db.execute(f"INSERT INTO {SPAN_TABLE} (position, txid, created_at) {places}", params)
+            db.execute(
+                f"INSERT INTO {SPAN_TABLE} (position, txid, created_at, stored_bytes) {places}",
+                params,
+            )
             db.execute(f"ANALYZE {SPAN_TABLE}")
         setattr(connection, SPAN_ATTRIBUTE, span)
     rows = _fetch(_SPAN_TABLE_BATCH_SQL.format(columns=columns), params)
-    return [log_event_from_row(row) for row in rows], len(rows) < limit
+    return [log_event_from_row(row) for row in rows], len(rows) < limit and not _past(
+        rows, max_bytes
+    )
+
+
+def _past(rows: Sequence[Sequence], max_bytes: int) -> bool:
+    """Whether `rows` (each ending with the running total of stored bytes) stopped at the
+    byte bound, with more events after them."""
+    return bool(rows) and rows[-1][-1] > max_bytes
 
 
 def _by_position(event: "LogEvent") -> int:
