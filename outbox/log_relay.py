@@ -46,6 +46,7 @@ from outbox.services.event_log.held import (
     held_events_read,
     held_head_failed,
     held_heads_due,
+    held_keys_among,
     held_keys_read,
     held_orphans_drop,
     held_release,
@@ -72,6 +73,9 @@ logger = logging.getLogger(__name__)
 Outcome = OutboxDelivery.Outcome
 # Held keys whose head is retried per step.
 HELD_KEYS_PER_STEP = 100
+# A step reads the held keys of its shards once when there are at most this many; with more,
+# each batch asks which of its own keys are held.
+HELD_KEYS_READ_WHOLE = 1000
 # A relay counts the relays running, to take or give back shards, at the start of each run()
 # and at most this often while a run lasts: the count is a query on pg_locks.
 SHARE_CHECK_SECONDS = 1.0
@@ -235,11 +239,11 @@ class LogRelay:
         if not self.owned:
             return LogRunResult(), False
         result = LogRunResult()
-        held_keys = held_keys_read(shards=self.owned)
+        held_keys = held_keys_read(shards=self.owned, limit=HELD_KEYS_READ_WHOLE)
         # With no key held, no head can be due: one query fewer for most batches.
-        progressed = bool(held_keys) and self._retry_held(result)
+        progressed = held_keys != set() and self._retry_held(result)
         if progressed:
-            held_keys = held_keys_read(shards=self.owned)
+            held_keys = held_keys_read(shards=self.owned, limit=HELD_KEYS_READ_WHOLE)
         done_before = self._done_tick_id()
         cursors = []
         for cursor in self.cursors:
@@ -247,7 +251,7 @@ class LogRelay:
             progressed = progressed or sent_any
             cursors.append(moved)
         self.cursors = cursors_grouped(cursors)
-        if held_keys and self._done_tick_id() != done_before:
+        if held_keys != set() and self._done_tick_id() != done_before:
             # The cursors passed a tick a held head waited for (an operator's replay, for
             # which tick_take took one in a quiet database): it goes now, not at the next run.
             progressed = self._retry_held(result) or progressed
@@ -264,9 +268,10 @@ class LogRelay:
         return tick
 
     def _advance(
-        self, cursor: Cursor, held_keys: set[tuple[str, str]], result: LogRunResult
+        self, cursor: Cursor, held_keys: set[tuple[str, str]] | None, result: LogRunResult
     ) -> tuple[Cursor, bool]:
-        """Sends the next batch after `cursor`; returns the cursor's new place and whether
+        """Sends the next batch after `cursor`, but for the events of `held_keys` (None: too
+        many to read, asked of the batch's keys); returns the cursor's new place and whether
         there were events."""
         # At most two spans: up to the latest tick, then up to a fresh one. Events of other
         # relays' shards make fresh ticks all the time; they must not keep this one here.
@@ -305,6 +310,8 @@ class LogRelay:
                 until_tick_id=until.id,
                 position=events[-1].position,
             )
+        if held_keys is None:
+            held_keys = held_keys_among(events)
         to_send = [event for event in events if (event.topic, event.key) not in held_keys]
         attempt = self.outage_tries.get(cursor.shards, 0) + 1
         self.sending_attempt = attempt

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 import outbox
 from outbox import metrics
-from outbox.log_relay import LogRelay, LogRunResult, SentBatch
+from outbox.log_relay import HELD_KEYS_READ_WHOLE, LogRelay, LogRunResult, SentBatch
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
 from outbox.producer import close_producers
 from outbox.relay import transactional_id_for
@@ -192,9 +192,13 @@ def test_an_event_whose_transaction_commits_after_later_ones_is_not_skipped(
     assert sorted(headers_of(m)["event_id"] for m in messages) == sorted(delivered)
 
 
+# With more held keys than a step reads whole (0 here), each batch asks which of its keys are
+# held.
+@pytest.mark.parametrize("held_keys_read_whole", [HELD_KEYS_READ_WHOLE, 0])
 def test_a_failed_event_holds_its_key_until_it_goes_then_the_rest_follows_in_order(
-    kafka_topic, kafka_consumer_config, log_relay, settings
+    kafka_topic, kafka_consumer_config, log_relay, settings, monkeypatch, held_keys_read_whole
 ):
+    monkeypatch.setattr("outbox.log_relay.HELD_KEYS_READ_WHOLE", held_keys_read_whole)
     topic = kafka_topic(partitions=2)
     # The producer refuses a record over 4,000 bytes: one event of key "a" is too large.
     settings.OUTBOX = {

@@ -50,11 +50,35 @@ def held_insert(
         )
 
 
-def held_keys_read(*, shards: Sequence[int]) -> set[tuple[str, str]]:
+def held_keys_read(*, shards: Sequence[int], limit: int) -> set[tuple[str, str]] | None:
+    """The held keys of `shards`, or None when there are more than `limit`: then a relay asks
+    for the keys of each batch instead (held_keys_among), and a step costs the same whether a
+    hundred keys are held or a million. Read in the order of the held set's index, which stops
+    at the limit instead of gathering every held row first."""
     with connection.cursor() as db:
         db.execute(
-            "SELECT DISTINCT topic, key FROM outbox_held_event WHERE shard = ANY(%s)",
-            [list(shards)],
+            """
+            SELECT DISTINCT shard, topic, key FROM outbox_held_event WHERE shard = ANY(%s)
+            ORDER BY shard, topic, key LIMIT %s
+            """,
+            [list(shards), limit + 1],
+        )
+        rows = db.fetchall()
+    return None if len(rows) > limit else {(topic, key) for _, topic, key in rows}
+
+
+def held_keys_among(events: Sequence[LogEvent]) -> set[tuple[str, str]]:
+    """Which of the keys of `events` are held: a look-up in the held set's index per key."""
+    keys = {(event.shard, event.topic, event.key) for event in events}
+    with connection.cursor() as db:
+        db.execute(
+            """
+            SELECT DISTINCT held.topic, held.key
+            FROM unnest(%s::smallint[], %s::varchar[], %s::varchar[]) AS batch(shard, topic, key)
+            JOIN outbox_held_event AS held
+              ON held.shard = batch.shard AND held.topic = batch.topic AND held.key = batch.key
+            """,
+            [[key[0] for key in keys], [key[1] for key in keys], [key[2] for key in keys]],
         )
         return {(topic, key) for topic, key in db.fetchall()}
 
