@@ -40,7 +40,7 @@ from outbox.services.nudge import nudge_redis_url
 from outbox.services.partitions import day_start, partition_create, partitions_read
 from outbox.services.repairs import outbox_event_replay, outbox_events_replay, outbox_events_retry
 from outbox.services.retention import outbox_event_log_purge
-from scenarios import faults
+from scenarios import faults, ports
 from scenarios.checker import check, load_outbox, read_log, version_check
 from scenarios.conf import (
     AGGREGATE_TYPE,
@@ -2342,6 +2342,85 @@ def _no_dedup_consumers(run: Run) -> None:
         )
 
 
+# pooled-connections ---------------------------------------------------------------------
+# The relay's database sessions through PgBouncer in session mode, the consumers' through
+# PgBouncer in transaction mode (docs/integration.md, Behind a connection pooler). A relay
+# SIGKILLed there leaves its server session to the pooler, which resets it (DISCARD ALL: its
+# advisory locks, its LISTEN and its span table go) and hands it to the next client, mostly
+# the relay that replaces it: the same server process id, none of its state.
+POOLED_RELAY_KILLS = 10
+
+
+def _pooled_start(run: Run) -> None:
+    block = ports.recorded_block()
+    run.add_relay(1, env={"DATABASE_URL": faults.pooled_database_url(block.session_pool)})
+    for index in (1, 2):
+        run.add_consumer(
+            index, env={"DATABASE_URL": faults.pooled_database_url(block.transaction_pool)}
+        )
+    run.extra["transaction_pool_transactions_at_start"] = faults.pool_transactions(
+        block.transaction_pool
+    )
+
+
+def _server_sessions_of(name: str) -> set[int]:
+    """The server process ids serving the managed process `name` now (its sessions carry its
+    name as application_name, which PgBouncer passes on)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+            [f"{SESSION_NAME_PREFIX}{name}"],
+        )
+        return {row[0] for row in cursor.fetchall()}
+
+
+def _pooled_faults(run: Run) -> None:
+    relay = run.processes["relay-1"]
+    sessions: list[list[int]] = []
+    run.extra["relay_server_sessions"] = sessions
+    reused = 0
+    for number in range(POOLED_RELAY_KILLS):
+        run.sleep(run.random.uniform(2, 4))
+        before = _server_sessions_of("relay-1")
+        killed = run.kill(
+            f"SIGKILL relay ({number + 1})",
+            relay,
+            when=run.after_next_commit(),
+            moment=JUST_COMMITTED,
+            when_timeout=COMMIT_WAIT_SECONDS,
+            aim_seen=False,
+        )
+        # The next relay's sessions, once it has made them.
+        deadline = time.monotonic() + 30
+        after: set[int] = set()
+        while time.monotonic() < deadline and not (after := _server_sessions_of("relay-1")):
+            time.sleep(0.2)
+        sessions.append(sorted(before))
+        same = bool(before & after)
+        reused += same
+        killed.detail += f"; server sessions {sorted(before)}, then {sorted(after)}"
+        if not (before and after):
+            run.verify(
+                killed,
+                seen=False,
+                effect="the relay had server sessions through the pooler before and after",
+            )
+    run.extra["relay_server_sessions_reused"] = reused
+    if not reused:
+        run.extra_problems.append(
+            "no restarted relay got a server session of the relay before it (DISCARD ALL'd): "
+            "the pooler's reset was never met"
+        )
+    block = ports.recorded_block()
+    passed = (
+        faults.pool_transactions(block.transaction_pool)
+        - run.extra["transaction_pool_transactions_at_start"]
+    )
+    run.extra["transaction_pool_transactions"] = passed
+    if passed <= 0:
+        run.extra_problems.append("no transaction went through the transaction-mode pooler")
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -2573,6 +2652,17 @@ SCENARIOS: dict[str, Scenario] = {
             write=partial(_spread_write, then=_missing_topic_events),
             after=_check_missing_topic,
             stall_seconds=30,
+        ),
+        Scenario(
+            "pooled-connections",
+            "Relay through PgBouncer in session mode, SIGKILLed 10 times (its server session "
+            "reset by DISCARD ALL and handed on); consumers through PgBouncer in transaction "
+            "mode",
+            True,
+            _pooled_start,
+            _pooled_faults,
+            production_seconds=30,
+            planned_faults=POOLED_RELAY_KILLS,
         ),
         Scenario(
             "refused-event",

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import redis
 from confluent_kafka.admin import AdminClient
 from django.conf import settings
@@ -224,6 +225,33 @@ def kafka_resume(node: int) -> int:
     """SIGCONTs broker `node` and waits until it runs again; returns its pid."""
     output = services("kafka-resume", str(node))
     return int(_reported(output, rf"node {node} resumed: pid (\d+)").group(1))
+
+
+def pooled_database_url(port: int) -> str:
+    """DATABASE_URL of the scenarios' database through the PgBouncer listening on `port`
+    (the block's session_pool or transaction_pool)."""
+    return f"postgres://outbox:outbox@127.0.0.1:{port}/{DATABASE_NAME}"
+
+
+def pool_transactions(port: int) -> int:
+    """The transactions the PgBouncer on `port` has passed to the scenarios' database so far
+    (its admin console's SHOW STATS)."""
+    database = settings.DATABASES["default"]
+    with psycopg.connect(
+        host="127.0.0.1",
+        port=port,
+        user=database["USER"],
+        password=database["PASSWORD"],
+        dbname="pgbouncer",
+        autocommit=True,
+    ) as console:
+        cursor = console.execute("SHOW STATS")
+        columns = [column.name for column in cursor.description or ()]
+        for row in cursor.fetchall():
+            stats = dict(zip(columns, row, strict=True))
+            if stats["database"] == DATABASE_NAME:
+                return int(stats["total_xact_count"])
+    return 0
 
 
 def postgres_log() -> Path:

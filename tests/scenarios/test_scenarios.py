@@ -18,6 +18,7 @@ from scenarios.definitions import (
     NUDGE_LAG_P99_SECONDS,
     NUDGE_PATH_RELAY_INTERVAL_SECONDS,
     NUDGE_WORKER_KILLS,
+    POOLED_RELAY_KILLS,
     QUIET_BULK_REPLAYS,
     QUIET_REPLAYS,
     REPLAY_BOUND_SECONDS,
@@ -421,3 +422,21 @@ def test_events_on_a_missing_topic_hold_their_keys_and_the_rest_flows(scenario_r
     # checks.
     _faults_seen(result, 2)
     assert result["extra"]["checks_seen"] == 3
+
+
+def test_a_relay_through_a_session_pool_killed_10_times_and_consumers_through_a_transaction_pool(
+    scenario_run,
+):
+    code, output, result = scenario_run("pooled-connections")
+    assert code == 0, output
+    _passes(result, output)
+    extra = result["extra"]
+    # A new relay process after each kill, each with server sessions through the pooler; at
+    # least one got the reset session of the relay it replaced (the same server process).
+    assert len(set(extra["pids"]["relay-1"])) >= POOLED_RELAY_KILLS + 1
+    assert len(extra["relay_server_sessions"]) == POOLED_RELAY_KILLS
+    assert all(extra["relay_server_sessions"])
+    assert extra["relay_server_sessions_reused"] >= 1
+    assert extra["transaction_pool_transactions"] > 0
+    _faults_seen(result, POOLED_RELAY_KILLS)
+    _faults_struck_events_on_their_way(result)
