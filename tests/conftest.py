@@ -51,16 +51,16 @@ TRANSACTION_POOL_PORT = int(os.environ.get("PGBOUNCER_TRANSACTION_PORT", "6433")
 
 
 @contextmanager
-def connected_through(port: int) -> Iterator[None]:
-    """Django's connection goes to the same database through the pooler at `port` meanwhile.
-    Then the pooler lets go of its server connections to the database, which the test run
-    drops at its end."""
+def connected_through(port: int) -> Iterator[Any]:
+    """Django's connection goes to the same database through the pooler at `port` meanwhile;
+    yields the port it went to before. Then the pooler lets go of its server connections to
+    the database, which the test run drops at its end."""
     settings_dict = connection.settings_dict
     direct = settings_dict["PORT"]
     connection.close()
     settings_dict["PORT"] = port
     try:
-        yield
+        yield direct
     finally:
         connection.close()
         settings_dict["PORT"] = direct

@@ -8,8 +8,19 @@ from django.db import connection, transaction
 
 import outbox
 from outbox.log_relay import LogRelay
-from outbox.services.event_log.shards import RelayNeedsItsSession
-from tests.conftest import SESSION_POOL_PORT, TRANSACTION_POOL_PORT, connected_through
+from outbox.models import OutboxDelivery
+from outbox.services.event_log.shards import (
+    SHARD_COUNT,
+    SHARD_LOCK_CLASS,
+    RelayNeedsItsSession,
+    backend_pid,
+)
+from tests.conftest import (
+    SESSION_POOL_PORT,
+    TRANSACTION_POOL_PORT,
+    connect_outside_django,
+    connected_through,
+)
 from tests.outbox.conftest import assert_order_per_key, consume_all, headers_of, publish_events
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
@@ -98,3 +109,43 @@ def test_events_published_through_a_transaction_mode_pool_go_out_by_a_relay_in_a
         str(event.id) for event in published
     )
     assert_order_per_key(messages)
+
+
+def test_a_relay_back_on_its_reset_server_session_records_nothing_for_shards_it_lost(
+    kafka_topic, kafka_consumer_config
+):
+    topic = kafka_topic()
+    publish_events(topic, 10)
+    relay = LogRelay()
+    with connected_through(SESSION_POOL_PORT) as direct_port:
+        try:
+            assert relay.run().published == 10
+            pid_before = backend_pid()
+            # The relay's connection drops: the pooler resets its server session (DISCARD ALL
+            # releases the shards' locks) and keeps it for the next client. Another relay
+            # takes the shards meanwhile.
+            connection.close()
+            with connect_outside_django(
+                {**connection.settings_dict, "PORT": direct_port}, autocommit=True
+            ) as other:
+                other.execute(
+                    "SELECT pg_try_advisory_lock(%s, shard) FROM generate_series(0, %s) AS shard",
+                    [SHARD_LOCK_CLASS, SHARD_COUNT - 1],
+                )
+                later = publish_events(topic, 5, start=10)
+                # The relay's next connection gets the same server session back.
+                assert backend_pid() == pid_before
+
+                result = relay.run()
+
+                assert result.published == 0
+                assert relay.owned == ()
+                assert not OutboxDelivery.objects.filter(
+                    event_id__in=[event.id for event in later]
+                ).exists()
+            # The other relay gone, this one takes the shards again and sends what was left.
+            assert relay.run().published == 5
+        finally:
+            relay.close()
+    messages = consume_all(kafka_consumer_config, topic, expected=15)
+    assert len({headers_of(m)["event_id"] for m in messages}) == 15
