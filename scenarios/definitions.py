@@ -2363,15 +2363,29 @@ def _pooled_start(run: Run) -> None:
     )
 
 
-def _server_sessions_of(name: str) -> set[int]:
-    """The server process ids serving the managed process `name` now (its sessions carry its
-    name as application_name, which PgBouncer passes on)."""
+def _database_now() -> datetime:
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
-            [f"{SESSION_NAME_PREFIX}{name}"],
-        )
-        return {row[0] for row in cursor.fetchall()}
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
+
+
+def _sessions_made_by(name: str, *, since: datetime, timeout: float = 30.0) -> set[int]:
+    """The server process ids of the sessions through which the managed process `name` has
+    run a statement since `since` (its sessions carry its name as application_name, which
+    PgBouncer passes on), once there is one. A session the pooler keeps after its client died
+    keeps the name too, but runs nothing more."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s "
+                "AND query_start >= %s",
+                [f"{SESSION_NAME_PREFIX}{name}", since],
+            )
+            sessions = {row[0] for row in cursor.fetchall()}
+        if sessions or time.monotonic() >= deadline:
+            return sessions
+        time.sleep(0.2)
 
 
 def _pooled_faults(run: Run) -> None:
@@ -2379,9 +2393,10 @@ def _pooled_faults(run: Run) -> None:
     sessions: list[list[int]] = []
     run.extra["relay_server_sessions"] = sessions
     reused = 0
+    started = _database_now() - timedelta(minutes=5)
     for number in range(POOLED_RELAY_KILLS):
         run.sleep(run.random.uniform(2, 4))
-        before = _server_sessions_of("relay-1")
+        before = _sessions_made_by("relay-1", since=started)
         killed = run.kill(
             f"SIGKILL relay ({number + 1})",
             relay,
@@ -2390,14 +2405,12 @@ def _pooled_faults(run: Run) -> None:
             when_timeout=COMMIT_WAIT_SECONDS,
             aim_seen=False,
         )
-        # The next relay's sessions, once it has made them.
-        deadline = time.monotonic() + 30
-        after: set[int] = set()
-        while time.monotonic() < deadline and not (after := _server_sessions_of("relay-1")):
-            time.sleep(0.2)
+        # The killed relay runs nothing more; its successor starts a second or so later, once
+        # Django is loaded.
+        started = _database_now()
+        after = _sessions_made_by("relay-1", since=started)
         sessions.append(sorted(before))
-        same = bool(before & after)
-        reused += same
+        reused += bool(before & after)
         killed.detail += f"; server sessions {sorted(before)}, then {sorted(after)}"
         if not (before and after):
             run.verify(
