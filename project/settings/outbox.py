@@ -12,6 +12,7 @@ OUTBOX = env_settings(
         "PUBLISH_PREPARED": bool,
         "RELAY_INTERVAL": float,
         "BATCH_SIZE": int,
+        "BATCH_MAX_BYTES": int,
         "RELAY_MAX_RUN_SECONDS": float,
         "NUDGE_ON_COMMIT": bool,
         "NUDGE_MIN_INTERVAL_MS": int,
