@@ -47,19 +47,38 @@ class JdbcSource:
     database: str
     user: str
     password: str = field(repr=False)
+    # The other servers ("host:port") of a DATABASES entry that names several, as a
+    # connection string for failover does (docs/integration.md): the driver reads from
+    # whichever of them is the primary.
+    other_servers: tuple[str, ...] = ()
 
     @property
     def url(self) -> str:
-        return f"jdbc:postgresql://{self.host}:{self.port}/{self.database}"
+        servers = ",".join((f"{self.host}:{self.port}", *self.other_servers))
+        primary = "?targetServerType=primary" if self.other_servers else ""
+        return f"jdbc:postgresql://{servers}/{self.database}{primary}"
 
     @classmethod
     def from_settings_dict(cls, settings_dict: dict[str, Any]) -> "JdbcSource":
+        # libpq's lists: one port for every host, or one per host.
+        hosts = str(settings_dict.get("HOST") or "127.0.0.1").split(",")
+        ports = str(settings_dict.get("PORT") or 5432).split(",")
+        if len(ports) == 1:
+            ports *= len(hosts)
+        if len(ports) != len(hosts):
+            raise ValueError(
+                f"DATABASES names {len(hosts)} hosts and {len(ports)} ports: give one port, "
+                "or one per host"
+            )
         return cls(
-            host=settings_dict.get("HOST") or "127.0.0.1",
-            port=int(settings_dict.get("PORT") or 5432),
+            host=hosts[0],
+            port=int(ports[0]),
             database=settings_dict["NAME"],
             user=settings_dict.get("USER") or "",
             password=settings_dict.get("PASSWORD") or "",
+            other_servers=tuple(
+                f"{host}:{int(port)}" for host, port in zip(hosts[1:], ports[1:], strict=True)
+            ),
         )
 
 

@@ -77,8 +77,10 @@ class GroupReport:
     stuck_inbox: int = 0
     # Inbox rows of records that are not outbox events (poison), by status.
     foreign_inbox: dict[str, int] = field(default_factory=dict)
-    # Effects of event ids the outbox never had.
+    # Effects of event ids the outbox never had, nor the Kafka log.
     phantom_effects: int = 0
+    # Effects of records whose event the outbox does not hold (DeliveryReport.log_unreplicated).
+    unreplicated_effects: int = 0
     examples: dict[str, list[str]] = field(default_factory=dict)
 
 
@@ -103,6 +105,11 @@ class DeliveryReport:
     split_keys: int = 0
     # Records without an event id (poison records).
     log_foreign: int = 0
+    # Records of event ids the outbox does not hold: events whose transaction committed on a
+    # primary that failed over before its standby had it (asynchronous replication), sent
+    # before the failover. A failure unless `unreplicated_allowed`.
+    log_unreplicated: int = 0
+    unreplicated_allowed: bool = False
     log_complete: bool = True
     groups: list[GroupReport] = field(default_factory=list)
     examples: dict[str, list[str]] = field(default_factory=dict)
@@ -124,9 +131,14 @@ class DeliveryReport:
         return self.stuck_outbox + sum(group.stuck_inbox for group in self.groups)
 
     @property
+    def unreplicated_effects(self) -> int:
+        return sum(group.unreplicated_effects for group in self.groups)
+
+    @property
     def ok(self) -> bool:
         return (
-            self.log_complete
+            (self.unreplicated_allowed or not (self.log_unreplicated or self.unreplicated_effects))
+            and self.log_complete
             and self.lost == 0
             and self.duplicate_effects == 0
             and self.inversions == 0
@@ -149,7 +161,11 @@ class DeliveryReport:
             ("DONE events missing from the Kafka log", self.log_missing),
             ("keys split over partitions", self.split_keys),
             ("effects of unknown events", sum(g.phantom_effects for g in self.groups)),
+            ("records of events the database does not hold", self.log_unreplicated),
+            ("effects of events the database does not hold", self.unreplicated_effects),
         ):
+            if self.unreplicated_allowed and name.endswith("the database does not hold"):
+                continue
             if value:
                 found.append(f"{value} {name}")
         return found
@@ -169,7 +185,9 @@ class DeliveryReport:
         lines = [
             f"topic {self.topic}: {self.events} committed events, {self.log_records} records in "
             f"the log ({self.log_duplicates} duplicates, of which {self.log_replays} replayed "
-            f"after newer events of their key; {self.log_foreign} without event id)",
+            f"after newer events of their key; {self.log_foreign} without event id; "
+            f"{self.log_unreplicated} of events the database does not hold"
+            f"{' (allowed)' if self.unreplicated_allowed else ''})",
             f"  outbox not DONE: {self.stuck_outbox}; DONE but not in the log: {self.log_missing}; "
             f"log order inversions: {self.log_inversions}; keys in several partitions: "
             f"{self.split_keys}",
@@ -180,7 +198,8 @@ class DeliveryReport:
                 f"effects {group.duplicate_effects}, effect order inversions "
                 f"{group.effect_inversions}, inbox not DONE {group.stuck_inbox}, foreign inbox "
                 f"rows {group.foreign_inbox or 0}, effects of unknown events "
-                f"{group.phantom_effects}"
+                f"{group.phantom_effects}, effects of events the database does not hold "
+                f"{group.unreplicated_effects}"
             )
             for kind, examples in group.examples.items():
                 lines.append(f"    e.g. {kind}: {', '.join(examples)}")
@@ -204,10 +223,16 @@ def check(
     inbox: dict[str, Sequence[InboxRow]],
     effects: dict[str, Sequence[EffectRow]],
     log_complete: bool = True,
+    unreplicated_allowed: bool = False,
 ) -> DeliveryReport:
     """Checks one run. `inbox` and `effects` are keyed by the consumer groups that should
     have applied every event of `outbox`."""
-    report = DeliveryReport(topic=topic, events=len(outbox), log_complete=log_complete)
+    report = DeliveryReport(
+        topic=topic,
+        events=len(outbox),
+        log_complete=log_complete,
+        unreplicated_allowed=unreplicated_allowed,
+    )
     by_id = {row.event_id: row for row in outbox}
     for row in outbox:
         if row.status != "DONE":
@@ -218,10 +243,20 @@ def check(
     # Per (partition, key): the highest sequence number seen so far in offset order.
     highest: dict[tuple[int, str], int] = {}
     partitions_of_key: dict[str, set[int]] = defaultdict(set)
+    unreplicated: set[str] = set()
     for record in sorted(log, key=lambda r: (r.partition, r.offset)):
         report.log_records += 1
-        if record.event_id is None or record.event_id not in by_id:
+        if record.event_id is None:
             report.log_foreign += 1
+            continue
+        if record.event_id not in by_id:
+            report.log_unreplicated += 1
+            unreplicated.add(record.event_id)
+            _note(
+                report.examples,
+                "record of an event the database does not hold",
+                f"{record.key}#{record.seq} ({record.event_id})",
+            )
             continue
         copies[record.event_id] += 1
         if record.key is None or record.seq is None:
@@ -249,7 +284,7 @@ def check(
 
     for group in sorted(set(inbox) | set(effects)):
         report.groups.append(
-            _check_group(group, by_id, inbox.get(group, ()), effects.get(group, ()))
+            _check_group(group, by_id, unreplicated, inbox.get(group, ()), effects.get(group, ()))
         )
     return report
 
@@ -257,6 +292,7 @@ def check(
 def _check_group(
     group: str,
     by_id: dict[str, OutboxRow],
+    unreplicated: set[str],
     inbox: Sequence[InboxRow],
     effects: Sequence[EffectRow],
 ) -> GroupReport:
@@ -264,6 +300,9 @@ def _check_group(
     runs: Counter[str] = Counter()
     highest: dict[str, int] = {}
     for effect in sorted(effects, key=lambda e: e.id):
+        if effect.event_id in unreplicated:
+            result.unreplicated_effects += 1
+            continue
         if effect.event_id not in by_id:
             result.phantom_effects += 1
             _note(result.examples, "effect of an unknown event", effect.event_id)
@@ -468,7 +507,9 @@ def read_log(
         consumer.close()
 
 
-def delivery_check(*, topic: str, groups: Sequence[str]) -> DeliveryReport:
+def delivery_check(
+    *, topic: str, groups: Sequence[str], unreplicated_allowed: bool = False
+) -> DeliveryReport:
     """Checks a topic and the consumer groups that should have applied all of its events."""
     outbox = load_outbox(topic=topic)
     log, complete = read_log(topic=topic)
@@ -479,4 +520,5 @@ def delivery_check(*, topic: str, groups: Sequence[str]) -> DeliveryReport:
         inbox={group: load_inbox(group=group, topic=topic) for group in groups},
         effects={group: load_effects(group=group) for group in groups},
         log_complete=complete,
+        unreplicated_allowed=unreplicated_allowed,
     )

@@ -22,9 +22,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import environ
 import psycopg
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 import outbox
@@ -2434,6 +2435,171 @@ def _pooled_faults(run: Run) -> None:
         run.extra_problems.append("no transaction went through the transaction-mode pooler")
 
 
+# primary-failover -----------------------------------------------------------------------
+# PostgreSQL's primary lost while events flow, its streaming standby promoted, the old primary
+# back as the new one's standby, then a clean switch back to it. Every process, this run's
+# writers and the checker included, reaches the database through a connection string naming
+# both servers with target_session_attrs=read-write (faults.failover_database_url). Before
+# the primary dies its standby falls behind: the WAL sender is stopped for a moment while the
+# writers go on, so the primary holds commits its standby never receives.
+# - Synchronous replication: those commits never return (a commit waits for the standby's
+#   flush) and no other session sees them (PostgreSQL ends a committing transaction in its
+#   process array only after the standby's answer): the writers retry them on the new
+#   primary; nothing they saw committed is lost and the relay sends nothing the new primary
+#   lacks.
+# - Asynchronous replication: they return, and the relay may have sent them: the new primary
+#   lacks events the writers saw committed, and Kafka holds records of some of them. Both are
+#   counted apart from losses (the checker's `log_unreplicated`); every event the new primary
+#   holds must still be delivered, in order, once.
+# An orchestrator's time to notice the primary is gone and promote (Patroni's loop, a health
+# check's interval): the clients find no primary meanwhile.
+FAILOVER_DETECT_SECONDS = 2.0
+# How long the standby falls behind before the primary dies (with asynchronous replication,
+# after a writer's commit has returned).
+REPLICATION_STOP_SECONDS = 2.0
+# From the promotion to the first delivery the relay records on the new primary.
+FAILOVER_DELIVERY_BOUND_SECONDS = 10.0
+FAILOVER_DELIVERY_WAIT_SECONDS = 60.0
+FAILOVER_FAULTS = 5
+
+
+def _use_database_url(url: str) -> dict[str, Any]:
+    """Points this process's connections (every thread's, at its next connect) at `url`;
+    returns the settings it replaced."""
+    database = connection.settings_dict
+    replaced = {name: database.get(name) for name in ("HOST", "PORT", "OPTIONS")}
+    parsed = environ.Env.db_url_config(url)
+    database.update(
+        HOST=parsed["HOST"],
+        PORT=parsed["PORT"],
+        OPTIONS={**database.get("OPTIONS", {}), **parsed.get("OPTIONS", {})},
+    )
+    connection.close()
+    return replaced
+
+
+def _failover_start(run: Run, *, replication: str) -> None:
+    run.extra["replication"] = replication
+    run.extra["standby_pid"] = faults.postgres_standby(replication)
+    url = faults.failover_database_url()
+    run.extra["database_settings_replaced"] = _use_database_url(url)
+    run.add_relay(1, env={"DATABASE_URL": url})
+    for index in (1, 2):
+        run.add_consumer(index, env={"DATABASE_URL": url})
+
+
+def _first_delivery_after(moment: datetime, timeout: float) -> float | None:
+    """Seconds from `moment` to the first delivery recorded after it, once there is one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            first = (
+                OutboxDelivery.objects.filter(published_at__gt=moment)
+                .order_by("published_at")
+                .values_list("published_at", flat=True)
+                .first()
+            )
+        except DatabaseError:
+            connection.close()
+            first = None
+        if first is not None:
+            return (first - moment).total_seconds()
+        time.sleep(0.1)
+    return None
+
+
+def _failover(run: Run) -> None:
+    replication = run.extra["replication"]
+    block = ports.recorded_block()
+    timelines = [faults.postgres_timeline(block.postgres)]
+    run.extra["timelines"] = timelines
+    run.sleep(run.random.uniform(4, 6))
+    run.wait_for_moment(run.after_next_commit(), COMMIT_WAIT_SECONDS)
+    behind = run.fault("Stop the WAL sender to the standby", faults.postgres_replication_stop)
+    behind.detail = f"WAL sender pid {behind.result}"
+    # Writers commit meanwhile: asynchronous, their commits return (the schedule waits for
+    # one); synchronous, they wait for the standby's flush, till the primary dies.
+    commit_returned = run.after_next_commit()
+    if replication == "async":
+        run.wait_for_moment(commit_returned, COMMIT_WAIT_SECONDS)
+    run.sleep(REPLICATION_STOP_SECONDS)  # the relay sends what it sees meanwhile
+    returned = commit_returned()
+    lag = faults.replication_lag_bytes()
+    waiting = faults.commits_waiting_for_standby()
+    run.extra.update(standby_behind_bytes=lag, commits_waiting_for_standby=waiting)
+    effect = f"the standby is {lag} bytes of WAL behind; "
+    if replication == "sync":
+        seen = lag > 0 and waiting > 0
+        effect += f"{waiting} commits wait for its flush"
+    else:
+        seen = lag > 0 and returned
+        effect += f"a writer's commit returned meanwhile: {'yes' if returned else 'no'}"
+    run.verify(behind, seen=seen, effect=effect)
+    killed = run.fault("SIGKILL the primary (postmaster and backends)", faults.postgres_kill)
+    killed.detail = f"postmaster pid {killed.result}"
+    run.verify(
+        killed,
+        seen=faults.postgres_refuses(block.postgres),
+        effect=f"nothing listens on the primary's port {block.postgres} any more",
+    )
+    run.sleep(FAILOVER_DETECT_SECONDS)
+    promoted = run.fault("Promote the standby", faults.postgres_promote)
+    timelines.append(faults.postgres_timeline(block.standby))
+    promoted.detail = f"postmaster pid {promoted.result}, timeline {timelines[-1]}"
+    run.verify(
+        promoted,
+        seen=timelines[-1] > timelines[0],
+        effect="the standby writes on a new timeline",
+    )
+    to_delivery = _first_delivery_after(promoted.ended_at, FAILOVER_DELIVERY_WAIT_SECONDS)
+    run.extra["promotion_to_first_delivery_seconds"] = to_delivery
+    if to_delivery is None or to_delivery > FAILOVER_DELIVERY_BOUND_SECONDS:
+        run.extra_problems.append(
+            f"the relay recorded no delivery on the new primary within "
+            f"{FAILOVER_DELIVERY_BOUND_SECONDS:g} s of its promotion ({to_delivery} s)"
+        )
+    run.sleep(run.random.uniform(2, 4))
+    rejoined = run.fault(
+        "The old primary back as the new one's standby",
+        partial(faults.postgres_rejoin, replication),
+    )
+    rejoined.detail = f"postmaster pid {rejoined.result}"
+    run.verify(
+        rejoined,
+        seen=rejoined.result != killed.result,
+        effect="a new postmaster on the old primary's port streams from the promoted server",
+    )
+    run.sleep(run.random.uniform(2, 4))
+    run.wait_for_moment(run.after_next_commit(), COMMIT_WAIT_SECONDS)
+    back = run.fault("Switch back to the first server", faults.postgres_switchback)
+    timelines.append(faults.postgres_timeline(block.postgres))
+    back.detail = f"postmaster pid {back.result}, timeline {timelines[-1]}"
+    run.verify(
+        back,
+        seen=timelines[-1] > timelines[-2],
+        effect="the first server writes on a newer timeline again",
+    )
+
+
+def _committed_numbers_missing(run: Run) -> list[int]:
+    """The numbers of events a writer saw committed that the database does not hold."""
+    held = set(OutboxEvent.objects.filter(topic=run.topic).values_list("payload__n", flat=True))
+    return sorted(set(range(run.events)) - held)
+
+
+def _check_failover(run: Run) -> None:
+    replaced = run.extra.pop("database_settings_replaced")
+    missing = _committed_numbers_missing(run)
+    run.extra["committed_events_missing"] = len(missing)
+    if missing and run.extra["replication"] == "sync":
+        run.extra_problems.append(
+            f"{len(missing)} events the writers saw committed are not in the database after "
+            f"the failover (numbers {missing[:5]})"
+        )
+    connection.settings_dict.update(replaced)
+    connection.close()
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -2676,6 +2842,29 @@ SCENARIOS: dict[str, Scenario] = {
             _pooled_faults,
             production_seconds=30,
             planned_faults=POOLED_RELAY_KILLS,
+        ),
+        Scenario(
+            "primary-failover",
+            "PostgreSQL's primary SIGKILLed while its synchronous standby is behind, the "
+            "standby promoted, the old primary back as a standby, then a switch back",
+            True,
+            partial(_failover_start, replication="sync"),
+            _failover,
+            production_seconds=30,
+            planned_faults=FAILOVER_FAULTS,
+            after=_check_failover,
+        ),
+        Scenario(
+            "primary-failover-async",
+            "The same with asynchronous replication: the commits the standby missed are lost "
+            "with the primary, and counted apart",
+            True,
+            partial(_failover_start, replication="async"),
+            _failover,
+            production_seconds=30,
+            planned_faults=FAILOVER_FAULTS,
+            after=_check_failover,
+            unreplicated_allowed=True,
         ),
         Scenario(
             "refused-event",

@@ -7,6 +7,7 @@ isolated services of another checkout (scenarios/ports.py)."""
 import logging
 import os
 import re
+import signal
 import socket
 import subprocess
 import time
@@ -45,6 +46,7 @@ def isolated_environment(block: ports.PortBlock | None = None) -> dict[str, str]
         "DATABASE_URL": f"postgres://outbox:outbox@127.0.0.1:{block.postgres}/{DATABASE_NAME}",
         "PGBOUNCER_PORT": str(block.session_pool),
         "PGBOUNCER_TRANSACTION_PORT": str(block.transaction_pool),
+        "PG_STANDBY_PORT": str(block.standby),
         "CELERY_BROKER_URL": f"redis://127.0.0.1:{block.redis}/0",
         "KAFKA_BROKERS": str(BROKERS),
         "KAFKA_PORT_BASE": str(block.kafka_port_base),
@@ -270,6 +272,126 @@ def postgres_start() -> int:
     pid."""
     output = services("postgres-start")
     return int(_reported(output, r"started: postmaster pid (\d+)").group(1))
+
+
+def failover_database_url() -> str:
+    """DATABASE_URL of the scenarios' database on whichever of the block's two servers (the
+    primary and its standby) accepts writes: libpq tries both, in order, and skips a server in
+    recovery (docs/integration.md, A primary that fails over)."""
+    block = ports.recorded_block()
+    return (
+        f"postgres://outbox:outbox@127.0.0.1:{block.postgres},127.0.0.1:{block.standby}"
+        f"/{DATABASE_NAME}?target_session_attrs=read-write&connect_timeout=2"
+    )
+
+
+def postgres_standby(replication: str) -> int:
+    """Makes a streaming standby of the scenarios' PostgreSQL on the block's standby port,
+    with `sync` or `async` replication; returns its postmaster's pid once it streams."""
+    output = services("postgres-standby", replication)
+    return int(_reported(output, r"streaming \(\w+\): postmaster pid (\d+)").group(1))
+
+
+def postgres_kill() -> int:
+    """SIGKILLs the primary's postmaster and every backend of it; returns the postmaster's pid."""
+    output = services("postgres-kill")
+    return int(_reported(output, r"killed: postmaster pid (\d+)").group(1))
+
+
+def postgres_promote() -> int:
+    """Promotes the standby and waits until it accepts writes; returns its postmaster's pid."""
+    output = services("postgres-promote")
+    return int(_reported(output, r"promoted: postmaster pid (\d+)").group(1))
+
+
+def postgres_rejoin(replication: str) -> int:
+    """Makes the old primary's data folder afresh as a standby of the promoted server and
+    starts it on its own port; returns its postmaster's pid once it streams."""
+    output = services("postgres-rejoin", replication)
+    return int(_reported(output, r"streaming \(\w+\): postmaster pid (\d+)").group(1))
+
+
+def postgres_switchback() -> int:
+    """Stops the promoted standby cleanly and promotes the server on the block's PostgreSQL
+    port again; returns its postmaster's pid."""
+    output = services("postgres-switchback")
+    return int(_reported(output, r"primary on port \d+ again: postmaster pid (\d+)").group(1))
+
+
+def _superuser_session(port: int) -> psycopg.Connection:
+    # The scenarios' server trusts local connections (initdb -A trust in services.sh).
+    return psycopg.connect(
+        host="127.0.0.1", port=port, user="postgres", dbname="postgres", autocommit=True
+    )
+
+
+STANDBY_NAME = "standby"  # its application_name (services.sh's PG_STANDBY_NAME)
+
+
+def postgres_replication_stop() -> int:
+    """SIGSTOPs the primary's WAL sender to its standby: the standby falls behind (a network
+    partition, a standby's slow disk) while the primary goes on; returns the sender's pid.
+    Nothing resumes it: the primary's SIGKILL ends it."""
+    with _superuser_session(ports.recorded_block().postgres) as session:
+        row = session.execute(
+            "SELECT pid FROM pg_stat_replication WHERE application_name = %s", [STANDBY_NAME]
+        ).fetchone()
+    if row is None:
+        raise RuntimeError("the primary has no WAL sender to its standby")
+    os.kill(row[0], signal.SIGSTOP)
+    return int(row[0])
+
+
+def replication_lag_bytes() -> int:
+    """Bytes of WAL the primary has written and not sent to its standby."""
+    with _superuser_session(ports.recorded_block().postgres) as session:
+        row = session.execute(
+            "SELECT pg_current_wal_lsn() - sent_lsn FROM pg_stat_replication "
+            "WHERE application_name = %s",
+            [STANDBY_NAME],
+        ).fetchone()
+    return int(row[0]) if row is not None and row[0] is not None else 0
+
+
+def commits_waiting_for_standby() -> int:
+    """Sessions of the primary whose commit waits for its synchronous standby's flush."""
+    with _superuser_session(ports.recorded_block().postgres) as session:
+        row = session.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
+        ).fetchone()
+    return int(row[0]) if row is not None else 0
+
+
+def postgres_refuses(port: int) -> bool:
+    """Whether nothing listens on `port` now: the effect of postgres_kill that clients meet."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+
+
+def postgres_timeline(port: int) -> int:
+    """The timeline of the server on `port` (each promotion starts a new one)."""
+    database = settings.DATABASES["default"]
+    with psycopg.connect(
+        host="127.0.0.1",
+        port=port,
+        user=database["USER"],
+        password=database["PASSWORD"],
+        dbname=DATABASE_NAME,
+        autocommit=True,
+        connect_timeout=5,
+    ) as session:
+        # The current WAL file's name starts with the timeline, in hex (pg_control_checkpoint's
+        # lags a promotion until the checkpoint that follows it).
+        row = session.execute(
+            "SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int"
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
 
 
 def redis_stop() -> int:

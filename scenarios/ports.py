@@ -3,9 +3,10 @@
 The scenarios crash brokers and PostgreSQL through this checkout's pid files (under its
 `.local/scenarios`). Services of another checkout answering on the same ports would take the
 traffic while the faults hit nothing, so before the services start, the ports are claimed:
-- a block of ports (PostgreSQL, PgBouncer in session and in transaction mode, Redis, three
-  brokers and their controllers) is recorded in `.local/scenarios/port-block`; block 0 is
-  25432, 25433-25434, 26379, 19092-19094 and 19095-19097, block
+- a block of ports (PostgreSQL, PgBouncer in session and in transaction mode, PostgreSQL's
+  standby, Redis, three brokers and their controllers) is recorded in
+  `.local/scenarios/port-block`; block 0 is 25432, 25433-25434, 25435, 26379, 19092-19094 and
+  19095-19097, block
   n adds n * 100 to each. Every block lies below Linux's ephemeral range (32768-60999 by
   default): a port in it may be the local end of any outgoing connection at the moment a
   service binds it, which no check of listening sockets can foresee;
@@ -60,6 +61,11 @@ class PortBlock:
         return self._port(25434)
 
     @property
+    def standby(self) -> int:
+        """The streaming standby of the block's PostgreSQL (made by the failover scenarios)."""
+        return self._port(25435)
+
+    @property
     def redis(self) -> int:
         return self._port(26379)
 
@@ -84,6 +90,7 @@ class PortBlock:
             self.postgres: "postgres",
             self.session_pool: "pgbouncer session",
             self.transaction_pool: "pgbouncer transaction",
+            self.standby: "postgres standby",
             self.redis: "redis",
         }
         for node in range(1, BROKERS + 1):
@@ -128,6 +135,7 @@ def own_pids(local: Path | None = None) -> dict[str, int]:
     local = local or local_dir()
     pid_files = {
         "postgres": local / "postgres" / "data" / "postmaster.pid",
+        "postgres standby": local / "postgres" / "standby" / "postmaster.pid",
         "pgbouncer session": local / "pgbouncer" / "session.pid",
         "pgbouncer transaction": local / "pgbouncer" / "transaction.pid",
         "redis": local / "redis" / "redis.pid",

@@ -8,6 +8,9 @@
 #   Fault tests act on one part at a time:
 #   scripts/services.sh kafka-stop N | kafka-kill N | kafka-start N | kafka-pause N | kafka-resume N
 #   scripts/services.sh postgres-crash | postgres-start | redis-stop | redis-start
+#   A failover, on a standby (PG_STANDBY_PORT) the first command makes:
+#   scripts/services.sh postgres-standby [sync|async] | postgres-kill | postgres-promote |
+#                       postgres-rejoin [sync|async] | postgres-switchback
 #
 # For each service: if something already answers at the configured address it is used
 # as it is; otherwise the service is installed (Debian packages, or Kafka's jars and Zipkin's
@@ -36,6 +39,7 @@
 #                            the PostgreSQL of DATABASE_URL, every database name
 #   PGBOUNCER_TRANSACTION_PORT 6433: PgBouncer in transaction mode (a server connection per
 #                            transaction), the same
+#   PG_STANDBY_PORT          the port of DATABASE_URL + 3: the standby `postgres-standby` makes
 #   LOCAL_DIR                .local: data and logs; a second set of services (other ports,
 #                            another LOCAL_DIR) can run beside the first, e.g. for fault tests
 set -euo pipefail
@@ -55,6 +59,7 @@ KAFKA_HEAP="${KAFKA_HEAP:--Xms256m -Xmx768m}"
 WAIT_SECONDS="${SERVICES_WAIT_SECONDS:-90}"
 
 DATABASE_URL="${DATABASE_URL:-postgres://outbox:outbox@127.0.0.1:5432/outbox}"
+PG_STANDBY_PORT_SETTING="${PG_STANDBY_PORT:-}"
 CELERY_BROKER_URL="${CELERY_BROKER_URL:-redis://127.0.0.1:6379/0}"
 
 log() { printf '%-10s %s\n' "$1" "$2"; }
@@ -70,6 +75,7 @@ parse_database_url() {
   PG_HOST="${BASH_REMATCH[5]}"
   PG_PORT="${BASH_REMATCH[7]:-5432}"
   PG_DB="${BASH_REMATCH[8]}"
+  PG_STANDBY_PORT="${PG_STANDBY_PORT_SETTING:-$((PG_PORT + 3))}"
 }
 
 parse_redis_url() {
@@ -122,8 +128,9 @@ as_postgres() { runuser -u postgres -- "$@"; }
 
 # The outbox is a queue table: every event is written three times (insert, claim, mark), so
 # its working set must fit in shared buffers or the relay's scans read from disk.
+# A server's options; with a port, those of the standby on it (PostgreSQL standby below).
 pg_server_options() {
-  echo "-h $PG_HOST -p $PG_PORT -k /tmp -c max_connections=200 -c shared_buffers=${POSTGRES_SHARED_BUFFERS:-1GB}"
+  echo "-h $PG_HOST -p ${1:-$PG_PORT} -k /tmp -c max_connections=200 -c shared_buffers=${POSTGRES_SHARED_BUFFERS:-1GB}"
 }
 
 pg_ready() { "$PG_BIN/pg_isready" -q -h "$PG_HOST" -p "$PG_PORT" 2>/dev/null || pg_isready -q -h "$PG_HOST" -p "$PG_PORT" 2>/dev/null; }
@@ -186,6 +193,100 @@ postgres_down() {
 postgres_status() {
   parse_database_url
   if pg_ready; then log postgres "healthy at $PG_HOST:$PG_PORT"; else log postgres "down at $PG_HOST:$PG_PORT"; return 1; fi
+}
+
+# --- PostgreSQL standby (failover) ---------------------------------------------------------
+# A streaming replica of the server above on PG_STANDBY_PORT, for the failover scenario. The
+# two data folders trade roles (the standby is promoted, the old primary comes back as its
+# standby, then the roles switch back) and end as they began: one primary on PG_PORT.
+
+PG_STANDBY_DATA="$LOCAL_DIR/postgres/standby"
+PG_STANDBY_LOG="$LOCAL_DIR/postgres/standby.log"
+# The standby's application_name: what the primary's synchronous_standby_names waits for.
+PG_STANDBY_NAME=standby
+
+psql_on() {
+  local port="$1"; shift
+  local statement
+  for statement in "$@"; do
+    as_postgres psql -h /tmp -p "$port" -U postgres -d postgres -v ON_ERROR_STOP=1 -qAtX -c "$statement"
+  done
+}
+
+postmaster_pid_of() { head -n 1 "$1/postmaster.pid" 2>/dev/null || true; }
+
+pg_dir_running() {
+  local pid
+  pid="$(postmaster_pid_of "$1")"
+  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null
+}
+
+pg_dir_stop() {
+  if pg_dir_running "$1"; then
+    as_postgres "$PG_BIN/pg_ctl" -D "$1" -m fast -w -t "$WAIT_SECONDS" stop >/dev/null
+  fi
+}
+
+# replica DIR PORT LOG SOURCE_PORT: DIR made afresh from the server on SOURCE_PORT
+# (pg_basebackup) and started on PORT as its streaming standby.
+pg_replica_start() {
+  local dir="$1" port="$2" logfile="$3" source_port="$4"
+  pg_dir_stop "$dir"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  chown postgres: "$dir"
+  chmod 700 "$dir"
+  as_postgres "$PG_BIN/pg_basebackup" -h /tmp -p "$source_port" -U postgres -D "$dir" \
+    -X stream -c fast
+  as_postgres touch "$dir/standby.signal"
+  # Later settings win: the copy's synchronous_standby_names (the source's) must not make it
+  # wait for a standby of its own once promoted.
+  as_postgres tee -a "$dir/postgresql.auto.conf" >/dev/null <<CONF
+primary_conninfo = 'host=/tmp port=$source_port user=postgres application_name=$PG_STANDBY_NAME'
+synchronous_standby_names = ''
+CONF
+  as_postgres "$PG_BIN/pg_ctl" -D "$dir" -l "$logfile" -w -t "$WAIT_SECONDS" \
+    -o "$(pg_server_options "$port")" start >/dev/null
+}
+
+# replication PORT sync|async: whether the primary on PORT waits for its standby at commit
+# (synchronous_commit stays on: a commit returns once the standby has flushed it).
+pg_replication_set() {
+  local names=""
+  [[ "$2" == sync ]] && names="$PG_STANDBY_NAME"
+  psql_on "$1" "ALTER SYSTEM SET synchronous_standby_names = '$names'" \
+    "ALTER SYSTEM SET wal_keep_size = '1GB'" "SELECT pg_reload_conf()" >/dev/null
+}
+
+pg_replica_streaming() {
+  [[ "$(psql_on "$1" "SELECT sync_state FROM pg_stat_replication WHERE application_name = '$PG_STANDBY_NAME' AND state = 'streaming'")" == "$2" ]]
+}
+
+pg_replication_mode() {
+  case "${1:-sync}" in
+    sync | async) echo "${1:-sync}" ;;
+    *) die "replication must be sync or async, got '$1'" ;;
+  esac
+}
+
+pg_promote() {
+  as_postgres "$PG_BIN/pg_ctl" -D "$1" -w -t "$WAIT_SECONDS" promote >/dev/null
+  accepts_writes() { [[ "$(psql_on "$2" "SELECT pg_is_in_recovery()")" == f ]]; }
+  wait_for "the promotion on port $2" accepts_writes "$1" "$2"
+}
+
+# A standby, or a primary demoted by an interrupted failover scenario, left from an earlier
+# run: `up` starts from one primary on PG_PORT.
+postgres_standby_clear() {
+  if [[ -d "$PG_STANDBY_DATA" ]]; then
+    pg_dir_stop "$PG_STANDBY_DATA"
+    rm -rf "$PG_STANDBY_DATA"
+    log postgres "removed the standby left in $PG_STANDBY_DATA"
+  fi
+  if [[ -f "$PG_DATA/standby.signal" ]]; then
+    rm -f "$PG_DATA/standby.signal"
+    log postgres "$PG_DATA was left a standby: it starts as the primary"
+  fi
 }
 
 # --- PgBouncer ---------------------------------------------------------------------------
@@ -681,6 +782,7 @@ command="${1:-}"
 case "$command" in
   up)
     mkdir -p "$LOCAL_DIR"
+    postgres_standby_clear
     postgres_up
     pgbouncer_up
     redis_up
@@ -692,6 +794,7 @@ case "$command" in
     kafka_down
     redis_down
     pgbouncer_down
+    pg_dir_stop "$PG_STANDBY_DATA"
     postgres_down
     ;;
   status)
@@ -749,6 +852,52 @@ case "$command" in
     wait_for postgres pg_ready
     log postgres "started: postmaster pid $(head -n 1 "$PG_DATA/postmaster.pid")"
     ;;
+  postgres-standby)
+    # A standby of the primary on PG_STANDBY_PORT (sync, the default, or async replication).
+    parse_database_url
+    mode="$(pg_replication_mode "${2:-}")"
+    pg_replica_start "$PG_STANDBY_DATA" "$PG_STANDBY_PORT" "$PG_STANDBY_LOG" "$PG_PORT"
+    pg_replication_set "$PG_PORT" "$mode"
+    wait_for "the standby's replication" pg_replica_streaming "$PG_PORT" "$mode"
+    log postgres "standby on port $PG_STANDBY_PORT streaming ($mode): postmaster pid $(postmaster_pid_of "$PG_STANDBY_DATA")"
+    ;;
+  postgres-kill)
+    # A primary's machine lost: SIGKILL to its postmaster and every backend at once.
+    pid="$(postmaster_pid_of "$PG_DATA")"
+    pg_dir_running "$PG_DATA" || die "PostgreSQL is not running from $PG_DATA: nothing to kill"
+    # shellcheck disable=SC2046
+    kill -KILL "$pid" $(pgrep -P "$pid") 2>/dev/null || true
+    postmaster_gone() { ! kill -0 "$pid" 2>/dev/null; }
+    wait_for "the end of postmaster $pid" postmaster_gone
+    log postgres "killed: postmaster pid $pid"
+    ;;
+  postgres-promote)
+    parse_database_url
+    pg_dir_running "$PG_STANDBY_DATA" || die "no standby runs from $PG_STANDBY_DATA"
+    pg_promote "$PG_STANDBY_DATA" "$PG_STANDBY_PORT"
+    log postgres "standby on port $PG_STANDBY_PORT promoted: postmaster pid $(postmaster_pid_of "$PG_STANDBY_DATA")"
+    ;;
+  postgres-rejoin)
+    # The old primary back as a standby of the promoted one: its data folder made afresh
+    # from it (a machine replaced, or pg_rewind's result), on its own port again.
+    parse_database_url
+    mode="$(pg_replication_mode "${2:-}")"
+    pg_replica_start "$PG_DATA" "$PG_PORT" "$PG_LOG" "$PG_STANDBY_PORT"
+    pg_replication_set "$PG_STANDBY_PORT" "$mode"
+    wait_for "the old primary's replication" pg_replica_streaming "$PG_STANDBY_PORT" "$mode"
+    log postgres "old primary on port $PG_PORT streaming ($mode): postmaster pid $(postmaster_pid_of "$PG_DATA")"
+    ;;
+  postgres-switchback)
+    # A clean switchover to the server on PG_PORT: the promoted standby stops (a fast
+    # shutdown sends its standby every WAL record first), PG_PORT's is promoted, and the
+    # standby's folder goes.
+    parse_database_url
+    [[ -f "$PG_DATA/standby.signal" ]] || die "$PG_DATA is no standby: nothing to switch back to"
+    pg_dir_stop "$PG_STANDBY_DATA"
+    pg_promote "$PG_DATA" "$PG_PORT"
+    rm -rf "$PG_STANDBY_DATA"
+    log postgres "primary on port $PG_PORT again: postmaster pid $(postmaster_pid_of "$PG_DATA")"
+    ;;
   redis-stop)
     # A fault: reports the pid stopped; exits non-zero when this project's Redis was not
     # running (`down` stops it only if it is).
@@ -760,7 +909,7 @@ case "$command" in
     ;;
   redis-start) redis_up ;;
   *)
-    echo "usage: $0 up|down|status|kafka-start N|kafka-stop N|kafka-kill N|kafka-pause N|kafka-resume N|postgres-crash|postgres-start|redis-stop|redis-start|zipkin-up|zipkin-down|kafka-up|kafka-down" >&2
+    echo "usage: $0 up|down|status|kafka-start N|kafka-stop N|kafka-kill N|kafka-pause N|kafka-resume N|postgres-crash|postgres-start|postgres-standby [sync|async]|postgres-kill|postgres-promote|postgres-rejoin [sync|async]|postgres-switchback|redis-stop|redis-start|zipkin-up|zipkin-down|kafka-up|kafka-down" >&2
     exit 2
     ;;
 esac

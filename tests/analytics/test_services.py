@@ -67,6 +67,41 @@ def test_an_unreachable_database_fails_the_run_with_no_partial_results(spark: An
 
 
 @pytest.mark.django_db
+def test_a_source_naming_several_servers_is_read_from_the_one_that_answers(spark: Any) -> None:
+    # A DATABASES entry for failover (docs/integration.md): the first server is down, the
+    # second is the test database; the driver reads from the one that is a primary.
+    from django.db import connection
+
+    database = connection.settings_dict
+    failover = {
+        **database,
+        "HOST": f"127.0.0.1,{database['HOST']}",
+        "PORT": f"1,{database['PORT']}",
+    }
+    source = JdbcSource.from_settings_dict(failover)
+    assert source.url == (
+        f"jdbc:postgresql://127.0.0.1:1,{database['HOST']}:{database['PORT']}/{database['NAME']}"
+        "?targetServerType=primary"
+    )
+    run = analytics_run_execute(
+        since=datetime(2001, 1, 1, tzinfo=UTC),
+        until=datetime(2001, 1, 2, tzinfo=UTC),
+        spark=spark,
+        source=source,
+    )
+    assert run.status == AnalyticsRun.Status.SUCCEEDED, run.error
+
+
+def test_a_source_with_as_many_ports_as_hosts_or_one_port_for_all() -> None:
+    one_port = JdbcSource.from_settings_dict({"NAME": "d", "HOST": "a,b", "PORT": "5433"})
+    assert one_port.url == "jdbc:postgresql://a:5433,b:5433/d?targetServerType=primary"
+    single = JdbcSource.from_settings_dict({"NAME": "d", "HOST": "a", "PORT": ""})
+    assert single.url == "jdbc:postgresql://a:5432/d"
+    with pytest.raises(ValueError, match="3 hosts and 2 ports"):
+        JdbcSource.from_settings_dict({"NAME": "d", "HOST": "a,b,c", "PORT": "1,2"})
+
+
+@pytest.mark.django_db
 def test_the_scheduled_task_runs_the_last_closed_interval(spark: Any) -> None:
     from analytics.tasks import run_analytics
 

@@ -163,6 +163,29 @@ def test_poison_records_are_counted_apart_and_are_not_stuck():
     assert report.groups[0].foreign_inbox == {"FAILED": 1}
 
 
+def test_records_and_effects_of_events_the_database_lost_fail_unless_allowed():
+    # A primary that failed over without its last commits (asynchronous replication): the
+    # relay had sent e4 and e5, the new primary holds neither; e4 was applied on it too.
+    held = _events(4)
+    lost = _events(6)[4:]
+    log = _log([*held, *lost])
+    effects = _effects([*held, lost[0]])
+    strict = _check(held, log=log, effects=effects)
+    assert strict.log_unreplicated == 2
+    assert strict.unreplicated_effects == 1
+    assert strict.log_foreign == 0
+    assert strict.groups[0].phantom_effects == 0
+    assert not strict.ok
+    assert strict.problems() == [
+        "2 records of events the database does not hold",
+        "1 effects of events the database does not hold",
+    ]
+    allowed = _check(held, log=log, effects=effects, unreplicated_allowed=True)
+    assert allowed.ok, allowed.format()
+    assert allowed.log_unreplicated == 2
+    assert "2 of events the database does not hold (allowed)" in allowed.format()
+
+
 def test_a_key_in_two_partitions_is_reported():
     events = _events(4)
     log = _log(events)
