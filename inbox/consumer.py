@@ -2,8 +2,10 @@
 
 Order of a batch, and what a crash at each point leaves:
 1. poll: a crash loses nothing (no offset was committed);
-2. database transaction (inbox rows, handler effects, [exactly-once] next offsets): a crash
-   rolls it back, and the batch is redelivered and processed;
+2. database transaction (inbox rows, handler effects, next offsets): a crash rolls it back,
+   and the batch is redelivered and processed; a batch that starts past the next offset the
+   database holds (checked once per partition and database session: a primary that failed
+   over without its last commits) rolls back, and the partition is read again from there;
 3. synchronous offset commit: a crash before it redelivers the batch, and the inbox rows
    make every message a counted duplicate (exactly-once mode: the consumer seeks past it).
 """
@@ -15,11 +17,11 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from django.db import Error as DatabaseError
-from django.db import close_old_connections, transaction
+from django.db import close_old_connections, connection, transaction
 
 from inbox.conf import inbox_settings
 from inbox.config import inbox_consumer_config
-from inbox.errors import NoHandlers
+from inbox.errors import NoHandlers, PositionGap
 from inbox.faults import AFTER_DB_COMMIT, BEFORE_DB_COMMIT, fault_point
 from inbox.metrics import BATCH_SECONDS
 from inbox.records import parse_record
@@ -90,6 +92,13 @@ class InboxConsumer:
         # Messages polled but not yet recorded: on revoke they are finished and committed.
         self._in_flight: list[Message] = []
         self._error_backoff = ERROR_BACKOFF_SECONDS
+        # The database session (psycopg connection) of the last batch, and the partitions
+        # whose stored next offset a batch of that session checked: a new session (a start, a
+        # reconnect, a failover among them) checks each partition's first batch again.
+        self._session: object | None = None
+        self._positions_checked: set[PartitionKey] = set()
+        # Partitions read again from their stored next offset after a PositionGap.
+        self._read_again_from: dict[PartitionKey, int] = {}
 
     # Lifecycle -------------------------------------------------------------------------
 
@@ -181,6 +190,9 @@ class InboxConsumer:
         close_old_connections()
         try:
             result = self._record_and_commit(usable)
+        except PositionGap as gap:
+            self._read_again(usable, gap)
+            return None
         except Exception:
             logger.exception(
                 "Group %s could not record a batch of %d; rewinding and retrying in %.1fs",
@@ -200,7 +212,13 @@ class InboxConsumer:
     def _record_and_commit(self, messages: Sequence[Message]) -> BatchResult:
         started = time.monotonic()
         records = [parse_record(m) for m in messages]
+        partitions = {(record.topic, record.partition) for record in records}
         with transaction.atomic():
+            if connection.connection is not self._session:
+                self._session, self._positions_checked = connection.connection, set()
+            unchecked = {
+                key: self._read_again_from.get(key) for key in partitions - self._positions_checked
+            }
             result = inbox_message_record_batch(
                 group=self.group,
                 records=records,
@@ -208,9 +226,14 @@ class InboxConsumer:
                 exactly_once=self.exactly_once,
                 deadline=started + inbox_settings.BATCH_MAX_SECONDS,
                 member=self._member(),
+                track_positions=True,
+                check_positions=unchecked or None,
             )
             fault_point(BEFORE_DB_COMMIT)
         fault_point(AFTER_DB_COMMIT)
+        self._positions_checked |= partitions
+        for key in partitions:
+            self._read_again_from.pop(key, None)
         self._commit_offsets(messages)
         result.record_metrics(self.group)
         BATCH_SECONDS.labels(self.group).observe(time.monotonic() - started)
@@ -265,6 +288,34 @@ class InboxConsumer:
                         "Group %s: rewind of %s[%d] failed: %s", self.group, topic, partition, error
                     )
 
+    def _read_again(self, messages: Sequence[Message], gap: PositionGap) -> None:
+        """The database holds an earlier next offset than a batch's first record for some of
+        its partitions: it lost the transactions of the records between (a primary that failed
+        over without its last commits), or there is no record between. Those partitions are
+        read again from the stored offset, the others from the batch's first records."""
+        logger.warning(
+            "Group %s: %s; reading those partitions again from the database's offsets",
+            self.group,
+            gap,
+        )
+        self._rewind(messages)
+        for (topic, partition), offset in gap.stored.items():
+            if (topic, partition) not in self._assigned:
+                continue
+            try:
+                self.consumer.seek(TopicPartition(topic, partition, offset))
+            except KafkaException as error:
+                logger.warning(
+                    "Group %s: seek of %s[%d] to %d failed: %s",
+                    self.group,
+                    topic,
+                    partition,
+                    offset,
+                    error,
+                )
+                continue
+            self._read_again_from[(topic, partition)] = offset
+
     # Rebalance callbacks (run inside poll/consume) --------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -279,7 +330,10 @@ class InboxConsumer:
                 consumer.incremental_assign(partitions)
             else:
                 consumer.assign(partitions)
-        self._assigned.update((p.topic, p.partition) for p in partitions)
+        assigned = {(p.topic, p.partition) for p in partitions}
+        self._assigned |= assigned
+        # Read from Kafka's committed offset, which may be past what the database holds.
+        self._positions_checked -= assigned
         # A rebalance is what an operator looks for when a group slows down or stalls.
         logger.info(
             "Group %s: assigned %s",
@@ -329,7 +383,10 @@ class InboxConsumer:
                 "Group %s: finishing %d in-flight records before revoke", self.group, len(batch)
             )
             self._process(batch)
-        self._assigned.difference_update((p.topic, p.partition) for p in partitions)
+        revoked = {(p.topic, p.partition) for p in partitions}
+        self._assigned -= revoked
+        for key in revoked:
+            self._read_again_from.pop(key, None)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         lost = {(p.topic, p.partition) for p in partitions}
@@ -339,7 +396,9 @@ class InboxConsumer:
         logger.warning(
             "Group %s: lost %s, dropped %d records", self.group, sorted(lost), len(dropped)
         )
-        self._assigned.difference_update(lost)
+        self._assigned -= lost
+        for key in lost:
+            self._read_again_from.pop(key, None)
 
 
 def _is_fatal(error: object) -> bool:

@@ -31,6 +31,24 @@ class ConcurrentDelivery(InboxError):
     code = "concurrent_delivery"
 
 
+class PositionGap(InboxError):
+    """A batch starts past the next offset the database holds for its partition: the
+    database lost the transactions of the records between (a primary that failed over
+    without its last commits), or holds no record there (offsets of transaction markers,
+    compacted or deleted records). The batch's transaction rolls back, and the consumer reads
+    the partition again from the offset the database holds (InboxConsumer)."""
+
+    code = "position_gap"
+
+    def __init__(self, stored: dict[tuple[str, int], int], first: dict[tuple[str, int], int]):
+        self.stored = stored
+        gaps = ", ".join(
+            f"{topic}[{partition}] at {first[(topic, partition)]}, stored {offset}"
+            for (topic, partition), offset in sorted(stored.items())
+        )
+        super().__init__(f"the batch starts past the stored next offset: {gaps}")
+
+
 class ImproperlyConfiguredInbox(InboxError):
     code = "improperly_configured"
 

@@ -29,7 +29,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 import outbox
-from inbox.models import InboxMessage
+from inbox.models import ConsumerOffset, InboxMessage
 from outbox.conf import outbox_settings
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
 from outbox.selectors import outbox_events_with_delivery
@@ -2461,6 +2461,9 @@ REPLICATION_STOP_SECONDS = 2.0
 FAILOVER_DELIVERY_BOUND_SECONDS = 10.0
 FAILOVER_DELIVERY_WAIT_SECONDS = 60.0
 FAILOVER_FAULTS = 5
+GROUP_STEADY_SECONDS = 60.0
+# What a consumer logs when it reads partitions again from the offsets the database holds.
+CONSUMER_READ_AGAIN = "reading those partitions again from the database's offsets"
 
 
 def _use_database_url(url: str) -> dict[str, Any]:
@@ -2508,11 +2511,32 @@ def _first_delivery_after(moment: datetime, timeout: float) -> float | None:
     return None
 
 
+def _wait_group_steady(run: Run, timeout: float) -> float | None:
+    """Seconds until the group has stored a position in every partition (its consumers
+    joined and applied a batch of each), once it has."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        stored = ConsumerOffset.objects.filter(consumer_group=run.group, topic=run.topic)
+        if stored.count() == PARTITIONS:
+            return time.monotonic() - started
+        time.sleep(0.2)
+    return None
+
+
 def _failover(run: Run) -> None:
     replication = run.extra["replication"]
     block = ports.recorded_block()
     timelines = [faults.postgres_timeline(block.postgres)]
     run.extra["timelines"] = timelines
+    # The failover strikes a group in its stride: a group whose first transactions on a
+    # partition are lost with the primary is read from where its consumer stands
+    # (docs/inbox.md).
+    steady = _wait_group_steady(run, GROUP_STEADY_SECONDS)
+    run.extra["group_steady_seconds"] = steady
+    if steady is None:
+        run.extra_problems.append(
+            f"the group stored no position in some partition within {GROUP_STEADY_SECONDS:g} s"
+        )
     run.sleep(run.random.uniform(4, 6))
     run.wait_for_moment(run.after_next_commit(), COMMIT_WAIT_SECONDS)
     behind = run.fault("Stop the WAL sender to the standby", faults.postgres_replication_stop)
@@ -2596,6 +2620,13 @@ def _check_failover(run: Run) -> None:
             f"{len(missing)} events the writers saw committed are not in the database after "
             f"the failover (numbers {missing[:5]})"
         )
+    # Consumers whose first batch on the new primary started past the offset it held (the
+    # primary lost their last transactions): they read those partitions again.
+    run.extra["consumer_partitions_read_again"] = sum(
+        process.log_text().count(CONSUMER_READ_AGAIN)
+        for name, process in run.processes.items()
+        if name.startswith("consumer-")
+    )
     connection.settings_dict.update(replaced)
     connection.close()
 

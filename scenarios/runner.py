@@ -28,7 +28,8 @@ from confluent_kafka.admin import NewTopic, OffsetSpec
 from django.conf import settings
 from django.core.management import call_command
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Count, Min
+from django.db.models import CharField, Count, Min
+from django.db.models.functions import Cast
 
 import outbox
 from inbox.models import InboxMessage
@@ -812,12 +813,13 @@ class Run:
         try:
             events = OutboxEvent.objects.filter(topic=self.topic)
             pending = outbox_events_with_delivery(events).exclude(delivery_status="DONE").count()
-            applied = (
-                ScenarioEffect.objects.filter(consumer_group=self.group)
-                .values("event_id")
-                .distinct()
-                .count()
-            )
+            effects = ScenarioEffect.objects.filter(consumer_group=self.group)
+            if self.scenario.unreplicated_allowed:
+                # Effects of records whose events the database lost are no progress.
+                effects = effects.filter(
+                    event_id__in=events.annotate(text_id=Cast("id", CharField())).values("text_id")
+                )
+            applied = effects.values("event_id").distinct().count()
             return pending, applied
         except DatabaseError:
             connection.close()

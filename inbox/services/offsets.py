@@ -1,5 +1,6 @@
-"""The stored next offsets of an exactly-once consumer group, locked and moved in the
-transaction of the effects."""
+"""The stored next offset of each partition a consumer group reads, moved in the transaction
+of the effects. Exactly-once groups seek to it at assignment and skip the records below it;
+every group checks a new database session's first batches against it (InboxConsumer)."""
 
 from collections.abc import Sequence
 
@@ -72,5 +73,33 @@ def consumer_offsets_store(*, group: str, next_offsets: dict[tuple[str, int], in
                 [partition for _, partition in next_offsets],
                 list(next_offsets.values()),
                 group,
+            ],
+        )
+
+
+def consumer_offsets_advance(*, group: str, next_offsets: dict[tuple[str, int], int]) -> None:
+    """Stores the next offset to read per partition, creating missing rows, never moving one
+    back: one statement, for a batch whose stored offsets were not locked. Call inside the
+    transaction of the effects."""
+    _require_atomic()
+    if not next_offsets:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO inbox_consumer_offset (consumer_group, topic, "partition", next_offset,
+                updated_at)
+            SELECT %s, t.topic, t.partition, t.next_offset, now()
+            FROM unnest(%s::text[], %s::integer[], %s::bigint[]) AS t(topic, partition, next_offset)
+            ORDER BY t.topic, t.partition
+            ON CONFLICT (consumer_group, topic, "partition") DO UPDATE
+            SET next_offset = GREATEST(inbox_consumer_offset.next_offset, EXCLUDED.next_offset),
+                updated_at = EXCLUDED.updated_at
+            """,
+            [
+                group,
+                [topic for topic, _ in next_offsets],
+                [partition for _, partition in next_offsets],
+                list(next_offsets.values()),
             ],
         )

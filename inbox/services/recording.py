@@ -5,7 +5,7 @@ import datetime as dt
 import json
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +15,12 @@ from django.utils import timezone
 
 from inbox import metrics
 from inbox.conf import inbox_settings
-from inbox.errors import ConcurrentDelivery, ImproperlyConfiguredInbox, UnknownEventType
+from inbox.errors import (
+    ConcurrentDelivery,
+    ImproperlyConfiguredInbox,
+    PositionGap,
+    UnknownEventType,
+)
 from inbox.models import InboxMessage
 from inbox.records import InboxRecord, poison_description
 from inbox.registry import Handler, HandlerRegistry, get_registry
@@ -23,6 +28,7 @@ from inbox.services.attempts import Attempt, attempt_member, attempt_of, inbox_a
 from inbox.services.handler_runs import _run_handler, format_error
 from inbox.services.offsets import (
     _require_atomic,
+    consumer_offsets_advance,
     consumer_offsets_lock,
     consumer_offsets_store,
 )
@@ -458,6 +464,8 @@ def inbox_message_record_batch(
     unknown_event_type: str | None = None,
     deadline: float | None = None,
     member: str | None = None,
+    track_positions: bool = False,
+    check_positions: Mapping[tuple[str, int], int | None] | None = None,
 ) -> BatchResult:
     """Records a batch of records for `group` and runs the handlers of the new ones.
 
@@ -478,6 +486,13 @@ def inbox_message_record_batch(
     Each handler run is an attempt row (inbox.models.InboxAttempt) of `member` (the
     consumer's, from inbox.services.attempts.attempt_member; by default the group's client.id
     at this process), written in the same transaction, one statement for the batch.
+
+    With `track_positions` (the consumer's), the next offset of each partition is stored in
+    the transaction as well, as exactly-once groups always do. Each partition that
+    `check_positions` names and whose first record of the batch is past its stored next
+    offset raises PositionGap before any handler runs, unless that stored offset is the
+    partition's value in `check_positions` (the consumer read it again from there: the
+    offsets between hold no record).
     """
     _require_atomic()
     registry = registry if registry is not None else get_registry()
@@ -488,15 +503,18 @@ def inbox_message_record_batch(
             f'INBOX["UNKNOWN_EVENT_TYPE"] is {unknown_event_type!r}; use "ignore" or "fail".'
         )
     result = BatchResult(consumed=len(records))
-    if exactly_once:
+    if exactly_once or check_positions is not None:
         stored = consumer_offsets_lock(group=group, records=records)
-        fresh = [r for r in records if r.offset >= stored[(r.topic, r.partition)]]
-        result.skipped = len(records) - len(fresh)
-        next_offsets: dict[tuple[str, int], int] = {}
-        for record in fresh:
-            key = (record.topic, record.partition)
-            next_offsets[key] = max(next_offsets.get(key, 0), record.offset + 1)
-        records = fresh
+        if check_positions is not None:
+            _check_positions(records, stored, check_positions)
+        if exactly_once:
+            fresh = [r for r in records if r.offset >= stored[(r.topic, r.partition)]]
+            result.skipped = len(records) - len(fresh)
+            records = fresh
+    next_offsets: dict[tuple[str, int], int] = {}
+    for record in records:
+        key = (record.topic, record.partition)
+        next_offsets[key] = max(next_offsets.get(key, 0), record.offset + 1)
 
     now = timezone.now()
     rows = _classify(
@@ -550,4 +568,24 @@ def inbox_message_record_batch(
     )
     if exactly_once:
         consumer_offsets_store(group=group, next_offsets=next_offsets)
+    elif track_positions:
+        consumer_offsets_advance(group=group, next_offsets=next_offsets)
     return result
+
+
+def _check_positions(
+    records: Sequence[InboxRecord],
+    stored: dict[tuple[str, int], int],
+    read_again_from: Mapping[tuple[str, int], int | None],
+) -> None:
+    first: dict[tuple[str, int], int] = {}
+    for record in records:
+        key = (record.topic, record.partition)
+        first[key] = min(first.get(key, record.offset), record.offset)
+    gaps = {
+        key: stored[key]
+        for key, offset in first.items()
+        if key in read_again_from and offset > stored[key] and read_again_from[key] != stored[key]
+    }
+    if gaps:
+        raise PositionGap(gaps, first)

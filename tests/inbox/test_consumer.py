@@ -4,6 +4,7 @@ import uuid
 
 import pytest
 from confluent_kafka import Consumer, Message, TopicPartition
+from django.db import connection
 
 from inbox import handler
 from inbox.consumer import InboxConsumer
@@ -453,3 +454,63 @@ def test_a_consumer_stopped_while_waiting_for_the_database_reads_nothing(
     assert seen == []
     assert not InboxMessage.objects.filter(consumer_group=group).exists()
     assert committed_offsets(group, topic) == [-1001]
+
+
+def _lose_the_last_commits(group: str, topic: str, lost: list[Event], next_offset: int) -> None:
+    """What a primary that failed over without the group's last transactions holds: neither
+    their inbox rows, nor their effects, nor the stored next offset past them. The consumer's
+    session ended with the old primary."""
+    lost_ids = [event.event_id for event in lost]
+    InboxMessage.objects.filter(consumer_group=group, event_id__in=lost_ids).delete()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "DELETE FROM inbox_test_effect WHERE consumer_group = %s AND event_id = ANY(%s)",
+            [group, lost_ids],
+        )
+    ConsumerOffset.objects.filter(consumer_group=group, topic=topic).update(next_offset=next_offset)
+    connection.close()
+
+
+def _consume_across_a_failover(kafka_topic, inbox_registry, run_consumer) -> tuple[str, list]:
+    topic, group = kafka_topic(), unique_group()
+    seen = effect_handler(inbox_registry, group=group, topic=topic)
+    events = make_events(10)
+    produce(topic, events[:6])
+    consumer = run_consumer(group=group)
+    consume_until(consumer, lambda: len(seen) == 6)
+    assert committed_offsets(group, topic) == [6]
+    _lose_the_last_commits(group, topic, events[3:6], next_offset=3)
+    # The consumer's position stays at 6, past what the database holds.
+    produce(topic, events[6:])
+    consume_until(consumer, lambda: len(seen) >= 7)
+    consume_for(consumer, 2.0)
+    return group, events
+
+
+def test_a_consumer_reads_again_what_a_failed_over_database_lost(
+    kafka_topic, inbox_registry, effects, run_consumer, caplog
+):
+    group, events = _consume_across_a_failover(kafka_topic, inbox_registry, run_consumer)
+    # Its first batch on the new session started at 6, the database holding 3: it read the
+    # partition again from 3. Every event has its effect once.
+    assert "starts past the stored next offset" in caplog.text
+    assert "[0] at 6, stored 3" in caplog.text
+    assert effect_counts(group) == {event.event_id: 1 for event in events}
+    assert ConsumerOffset.objects.get(consumer_group=group).next_offset == 10
+
+
+def test_the_failover_test_catches_a_consumer_that_trusts_its_kafka_position(
+    kafka_topic, inbox_registry, effects, run_consumer, monkeypatch
+):
+    """The test above can fail: a consumer that does not check its position against the
+    database after a new session never applies the events the database lost."""
+    from inbox import consumer as consumer_module
+
+    real = consumer_module.inbox_message_record_batch
+
+    def unchecked(**kwargs):
+        return real(**{**kwargs, "check_positions": None})
+
+    monkeypatch.setattr(consumer_module, "inbox_message_record_batch", unchecked)
+    group, events = _consume_across_a_failover(kafka_topic, inbox_registry, run_consumer)
+    assert effect_counts(group) == {event.event_id: 1 for event in events[:3] + events[6:]}

@@ -10,7 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from inbox import handler
-from inbox.errors import ImproperlyConfiguredInbox, InvalidTransition
+from inbox.errors import ImproperlyConfiguredInbox, InvalidTransition, PositionGap
 from inbox.models import ConsumerOffset, InboxMessage
 from inbox.services.recording import inbox_message_record_batch, retry_delay_seconds
 from inbox.services.retries import inbox_messages_retry_due
@@ -93,6 +93,43 @@ def test_exactly_once_skips_offsets_already_applied(applied):
     assert (result.skipped, result.processed) == (2, 2)
     assert effect_counts(GROUP) == {e.event_id: 1 for e in events}
     assert ConsumerOffset.objects.get(consumer_group=GROUP).next_offset == 4
+
+
+def test_the_consumer_s_batches_store_their_next_offsets_in_every_mode(applied):
+    events = [Event() for _ in range(5)]
+    record_batch(records(events[:2]), track_positions=True)
+    assert ConsumerOffset.objects.get(consumer_group=GROUP).next_offset == 2
+    # A redelivery of offset 1 never moves it back.
+    record_batch(records(events[1:2], start=1), track_positions=True)
+    record_batch(records(events[2:], start=2), track_positions=True)
+    assert ConsumerOffset.objects.get(consumer_group=GROUP).next_offset == 5
+
+
+def test_a_batch_past_the_stored_offset_of_a_checked_partition_runs_nothing(applied):
+    events = [Event() for _ in range(6)]
+    record_batch(records(events[:2]), track_positions=True)
+    # The consumer's next batch starts at 4: the database holds 2 as the next offset.
+    with pytest.raises(PositionGap) as raised:
+        record_batch(records(events[4:], start=4), check_positions={("t", 0): None})
+    assert raised.value.stored == {("t", 0): 2}
+    assert "t[0] at 4, stored 2" in str(raised.value)
+    assert effect_counts(GROUP) == {e.event_id: 1 for e in events[:2]}
+    assert InboxMessage.objects.count() == 2
+    # Unchecked (the partition's position was checked earlier in the session), it records.
+    result = record_batch(records(events[4:], start=4), check_positions={("t", 1): None})
+    assert result.processed == 2
+
+
+def test_a_partition_read_again_from_its_stored_offset_passes_its_check(applied):
+    events = [Event() for _ in range(6)]
+    record_batch(records(events[:2]), track_positions=True)
+    # Read again from 2, the first record is at 3 (offset 2 holds no record: a transaction
+    # marker, say): the check passes, and the stored offset moves on.
+    result = record_batch(
+        records(events[3:], start=3), track_positions=True, check_positions={("t", 0): 2}
+    )
+    assert result.processed == 3
+    assert ConsumerOffset.objects.get(consumer_group=GROUP).next_offset == 6
 
 
 def test_an_invalid_unknown_event_type_setting_is_refused(applied):
