@@ -15,6 +15,8 @@ from kafka_events.kafka import kafka_connection_config
 from outbox.conf import outbox_settings
 
 logger = logging.getLogger(__name__)
+# How long a read of one topic's metadata, after its refusal of a record, may take.
+METADATA_REFRESH_SECONDS = 5.0
 
 # Not overridable by OUTBOX["PRODUCER_CONFIG"]: the outbox's guarantees rest on them.
 GUARANTEED_PRODUCER_CONFIG = {
@@ -100,6 +102,9 @@ class RelayProducer:
         self.transactional_id = transactional_id
         self.fatal_error: KafkaError | None = None
         self.pid = os.getpid()
+        # Topics a record was refused for as a topic (outbox.relay.TOPIC_REFUSALS): their
+        # metadata is asked again before the next record to them (refresh_refused_topics).
+        self.refused_topics: set[str] = set()
         config = producer_config(transactional_id=transactional_id)
         # How long a record may stay in flight before its delivery report says it failed: the
         # relay waits that long for the reports of a batch, and no shorter.
@@ -113,6 +118,19 @@ class RelayProducer:
                 "is fenced",
                 transactional_id,
             )
+
+    def refresh_refused_topics(self, topics: set[str]) -> None:
+        """Asks the cluster again for the metadata of those of `topics` that refused a record
+        as a topic (its user may not write it, or it did not exist). librdkafka keeps that
+        answer in its cache until its next refresh and would refuse the records sent after
+        the grant or the topic's creation, such as an operator's retry of a held key."""
+        for topic in topics & self.refused_topics:
+            try:
+                self.producer.list_topics(topic, timeout=METADATA_REFRESH_SECONDS)
+            except KafkaException as error:
+                logger.info("Outbox producer cannot read %s's metadata again: %s", topic, error)
+                continue
+            self.refused_topics.discard(topic)
 
     def _on_error(self, error: KafkaError) -> None:
         if error.fatal():

@@ -46,6 +46,15 @@ PERMANENT_RECORD_ERRORS = frozenset(
         KafkaError.POLICY_VIOLATION,
     }
 )
+# Refusals of a record for its topic as a whole: the topic's metadata is read again before
+# the next record to it (RelayProducer.refresh_refused_topics).
+TOPIC_REFUSALS = frozenset(
+    {
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    }
+)
 # Fault-injection tests name a point here to have the relay SIGKILL itself there. Inert
 # unless the variable is set, which only the tests and the scenario runner do.
 FAULT_INJECTION_VARIABLE = "OUTBOX_FAULT_INJECTION"
@@ -103,6 +112,8 @@ class DeliveryReports:
     # clock read and a dict entry per record at each end: nothing heavier on the hot path.
     handed_at: dict[uuid.UUID, float] = field(default_factory=dict)
     durations_ms: dict[uuid.UUID, int] = field(default_factory=dict)
+    # Topics that refused a record as a topic (TOPIC_REFUSALS).
+    refused_topics: set[str] = field(default_factory=set)
 
     def refuse(self, event: LogEvent, error: str) -> None:
         self.failures[event.id] = error
@@ -136,6 +147,8 @@ class DeliveryReports:
             self.failures[event_id] = f"{error.name()}: {error.str()}"
             if error.code() in PERMANENT_RECORD_ERRORS:
                 self.refused.add(event_id)
+            if error.code() in TOPIC_REFUSALS:
+                self.refused_topics.add(message.topic() or "")
 
 
 def produce_all(
@@ -153,7 +166,9 @@ def produce_all(
     refuses (over message.max.bytes, say). The later events of its key are not produced at
     all (reports.skipped): they would overtake it."""
     kafka = producer.producer
-    limits = topic_record_limits({event.topic for event in events})
+    topics = {event.topic for event in events}
+    producer.refresh_refused_topics(topics)
+    limits = topic_record_limits(topics)
     refused_keys: set[tuple[str, str]] = set()
     for event in events:
         if (event.topic, event.key) in refused_keys:
@@ -194,6 +209,8 @@ def produce_all(
                     return False
                 reports.refuse(event, f"{kafka_error.name()}: {kafka_error.str()}")
                 refused_keys.add((event.topic, event.key))
+                if kafka_error.code() in TOPIC_REFUSALS:
+                    reports.refused_topics.add(event.topic)
                 break
         kafka.poll(0)
     return producer.fatal_error is None
@@ -211,6 +228,7 @@ def publish_batch(
     reports = DeliveryReports()
     produce_all(producer, events, reports, spans)
     producer.producer.flush(timeout)
+    producer.refused_topics |= reports.refused_topics
     return reports, producer.fatal_error is not None
 
 
@@ -224,6 +242,20 @@ def publish_batch_in_transaction(
     """The same in one Kafka transaction: every record is delivered, or none (an aborted
     transaction fails them all)."""
     reports = DeliveryReports()
+    try:
+        return _publish_in_transaction(producer, events, reports, timeout=timeout, spans=spans)
+    finally:
+        producer.refused_topics |= reports.refused_topics
+
+
+def _publish_in_transaction(
+    producer: RelayProducer,
+    events: Sequence[LogEvent],
+    reports: DeliveryReports,
+    *,
+    timeout: float,
+    spans: SendSpans | None,
+) -> tuple[DeliveryReports, bool]:
     kafka = producer.producer
     try:
         kafka.begin_transaction()

@@ -110,9 +110,14 @@ def _kill_after_next_commit(run: Run, what: str, process: Managed) -> None:
     )
 
 
+RELAY_KILLS = 20
+# The tests' runs, smaller than full size.
+RELAY_KILLS_SMALL = 10
+
+
 def _relay_kills(run: Run) -> None:
     relay = run.processes["relay-1"]
-    for number in range(20):
+    for number in range(run.planned_faults):
         run.sleep(run.random.uniform(2, 5))
         _kill_after_next_commit(run, f"SIGKILL relay ({number + 1})", relay)
 
@@ -127,11 +132,17 @@ def _leader_now(topic: str, partition: int) -> int | None:
         return None
 
 
+LEADER_KILL_ROUNDS = 5
+# The tests' runs: three of the six partitions' leaders (about 35 s a round).
+LEADER_KILL_SMALL_ROUNDS = 3
+
+
 def _leader_kills(run: Run) -> None:
     run.sleep(3)
     rounds: list[dict[str, Any]] = []
     run.extra["leader_kills"] = rounds
-    for round_number in range(5):
+    # Two entries a round: the kill and the restart.
+    for round_number in range(run.planned_faults // 2):
         partition = round_number % PARTITIONS
         # A partition without a leader (-1, an election under way) is waited for, never
         # "killed": faults.partition_leader raises if none comes.
@@ -209,6 +220,8 @@ def _rolling_restart(run: Run) -> None:
 # 5 ---------------------------------------------------------------------------------------
 
 OUTAGE_SECONDS = 60.0
+# The tests' runs, smaller than full size: still past the relay's delivery timeout (35 s).
+OUTAGE_SECONDS_SMALL = 40.0
 
 
 def _two_brokers_down(run: Run) -> None:
@@ -229,7 +242,7 @@ def _two_brokers_down(run: Run) -> None:
             seen=faults.kafka_refuses(node),
             effect=f"broker {node}'s listener refused a connection",
         )
-    run.sleep(OUTAGE_SECONDS)
+    run.sleep(OUTAGE_SECONDS if run.events >= run.scenario.full_events() else OUTAGE_SECONDS_SMALL)
     outage_end = run.fault("outage ends", None).started_at
     for node in down:
         restarted = run.fault(f"restart broker {node}", partial(faults.kafka_start, node))
@@ -350,9 +363,13 @@ def _check_concurrent(run: Run) -> None:
 # 8 ---------------------------------------------------------------------------------------
 
 
+CONSUMER_KILLS = 15
+CONSUMER_KILLS_SMALL = 8
+
+
 def _consumer_kills(run: Run) -> None:
     names = [name for name in run.processes if name.startswith("consumer-")]
-    for number in range(15):
+    for number in range(run.planned_faults):
         run.sleep(3)
         victim = run.processes[run.random.choice(names)]
         _kill_after_next_commit(run, f"SIGKILL {victim.name} ({number + 1})", victim)
@@ -2537,7 +2554,7 @@ def _failover(run: Run) -> None:
         run.extra_problems.append(
             f"the group stored no position in some partition within {GROUP_STEADY_SECONDS:g} s"
         )
-    run.sleep(run.random.uniform(4, 6))
+    run.sleep(run.random.uniform(2, 4))
     run.wait_for_moment(run.after_next_commit(), COMMIT_WAIT_SECONDS)
     behind = run.fault("Stop the WAL sender to the standby", faults.postgres_replication_stop)
     behind.detail = f"WAL sender pid {behind.result}"
@@ -2582,7 +2599,7 @@ def _failover(run: Run) -> None:
             f"the relay recorded no delivery on the new primary within "
             f"{FAILOVER_DELIVERY_BOUND_SECONDS:g} s of its promotion ({to_delivery} s)"
         )
-    run.sleep(run.random.uniform(2, 4))
+    run.sleep(run.random.uniform(1, 2))
     rejoined = run.fault(
         "The old primary back as the new one's standby",
         partial(faults.postgres_rejoin, replication),
@@ -2637,21 +2654,24 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("baseline", "Baseline, no faults", False, _standard, _no_faults),
         Scenario(
             "relay-kill",
-            "Relay SIGKILLed every 2-5 s, 20 times",
+            "Relay SIGKILLed every 2-5 s, 20 times (10 in smaller runs)",
             True,
             _standard,
             _relay_kills,
             production_seconds=75,
-            planned_faults=20,
+            min_production_seconds=40,
+            planned_faults=RELAY_KILLS,
+            small_planned_faults=RELAY_KILLS_SMALL,
         ),
         Scenario(
             "leader-kill",
-            "Partition leader SIGKILLed and restarted, 5 rounds",
+            "Partition leader SIGKILLed and restarted, 5 rounds (3 in smaller runs)",
             True,
             _standard,
             _leader_kills,
             production_seconds=120,
-            planned_faults=10,
+            planned_faults=2 * LEADER_KILL_ROUNDS,
+            small_planned_faults=2 * LEADER_KILL_SMALL_ROUNDS,
         ),
         Scenario(
             "rolling-restart",
@@ -2664,7 +2684,7 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "two-brokers-down",
-            "Two brokers down for 60 s",
+            "Two brokers down for 60 s (40 s in smaller runs)",
             True,
             _standard,
             _two_brokers_down,
@@ -2690,12 +2710,14 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "consumer-kill",
-            "Consumers SIGKILLed every 3 s, 15 times",
+            "Consumers SIGKILLed every 3 s, 15 times (8 in smaller runs)",
             True,
             lambda run: _standard(run, consumers=3),
             _consumer_kills,
             production_seconds=50,
-            planned_faults=15,
+            min_production_seconds=27,
+            planned_faults=CONSUMER_KILLS,
+            small_planned_faults=CONSUMER_KILLS_SMALL,
         ),
         Scenario(
             "rebalance-storm",

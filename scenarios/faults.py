@@ -51,6 +51,7 @@ def isolated_environment(block: ports.PortBlock | None = None) -> dict[str, str]
         "KAFKA_BROKERS": str(BROKERS),
         "KAFKA_PORT_BASE": str(block.kafka_port_base),
         "KAFKA_CONTROLLER_PORT_BASE": str(block.controller_port_base),
+        "KAFKA_SECURE_PORT_BASE": str(block.kafka_secure_port_base),
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers(block),
     }
 

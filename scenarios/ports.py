@@ -5,8 +5,8 @@ The scenarios crash brokers and PostgreSQL through this checkout's pid files (un
 traffic while the faults hit nothing, so before the services start, the ports are claimed:
 - a block of ports (PostgreSQL, PgBouncer in session and in transaction mode, PostgreSQL's
   standby, Redis, three brokers and their controllers) is recorded in
-  `.local/scenarios/port-block`; block 0 is 25432, 25433-25434, 25435, 26379, 19092-19094 and
-  19095-19097, block
+  `.local/scenarios/port-block`; block 0 is 25432, 25433-25434, 25435, 26379, 19092-19094,
+  19095-19097 (controllers) and 19098-19100 (the brokers' SASL_SSL listeners), block
   n adds n * 100 to each. Every block lies below Linux's ephemeral range (32768-60999 by
   default): a port in it may be the local end of any outgoing connection at the moment a
   service binds it, which no check of listening sockets can foresee;
@@ -78,6 +78,14 @@ class PortBlock:
     def controller_port_base(self) -> int:
         return self._port(19094)
 
+    @property
+    def kafka_secure_port_base(self) -> int:
+        """Broker N's SASL_SSL listener is on this + N."""
+        return self._port(19097)
+
+    def kafka_secure(self, node: int) -> int:
+        return self.kafka_secure_port_base + node
+
     def kafka(self, node: int) -> int:
         return self.kafka_port_base + node
 
@@ -95,6 +103,7 @@ class PortBlock:
         }
         for node in range(1, BROKERS + 1):
             ports[self.kafka(node)] = f"kafka node {node}"
+            ports[self.kafka_secure(node)] = f"kafka node {node}"
             ports[self.controller(node)] = f"kafka node {node}"
         return ports
 

@@ -395,6 +395,7 @@ class Run:
     def __init__(self, scenario: "Scenario", *, events: int, keys: int, seed: int | None) -> None:
         self.scenario = scenario
         self.events = events
+        self.planned_faults = scenario.planned_faults_at(events)
         self.keys = keys
         self.random = random.Random(seed)
         self.run_id = f"{datetime.now(UTC):%Y%m%d%H%M%S}-{uuid.uuid4().hex[:6]}"
@@ -700,7 +701,7 @@ class Run:
             return True
         if last:
             return False
-        planned = self.scenario.planned_faults
+        planned = self.planned_faults
         steps = max(len(self.faults), self._faults_announced)
         return not planned or written <= (steps + 1) / (planned + 1)
 
@@ -956,7 +957,7 @@ class Run:
                     self.faults_done.set()
                     self._schedule.notify_all()
             producer.join()
-            planned = scenario.planned_faults
+            planned = self.planned_faults
             if planned and len(self.faults) != planned:
                 self.extra_problems.append(
                     f"the schedule logged {len(self.faults)} faults; it plans {planned}"
@@ -1133,6 +1134,8 @@ class Scenario:
     # The entries its fault schedule logs, when their number is fixed: the writers keep no
     # more than one step ahead of them (Run._may_write). 0: only the last transaction waits.
     planned_faults: int = 0
+    # The entries in runs smaller than full size (the tests'), when fewer (0: the same).
+    small_planned_faults: int = 0
     poison: int = 0
     expect_fail: bool = False
     after: Callable[[Run], None] = lambda run: None
@@ -1162,6 +1165,12 @@ class Scenario:
 
     def full_events(self) -> int:
         return 20_000 if self.heavy else 100_000
+
+    def planned_faults_at(self, events: int) -> int:
+        """The entries the schedule logs in a run of `events`."""
+        if self.small_planned_faults and events < self.full_events():
+            return self.small_planned_faults
+        return self.planned_faults
 
     def writing_seconds(self, events: int) -> float:
         """How long a run of `events` spreads its writing over."""

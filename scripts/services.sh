@@ -28,6 +28,8 @@
 #   KAFKA_BOOTSTRAP_SERVERS  derived from KAFKA_BROKERS when unset
 #   KAFKA_PORT_BASE          9091: broker N listens on KAFKA_PORT_BASE+N
 #   KAFKA_CONTROLLER_PORT_BASE 29091: its controller on KAFKA_CONTROLLER_PORT_BASE+N
+#   KAFKA_SECURE_PORT_BASE   9191: its SASL_SSL listener (TLS, SCRAM users, ACLs) on
+#                            KAFKA_SECURE_PORT_BASE+N; the CA to trust is .local/kafka/tls/ca.pem
 #   TRACING                  1, true or yes: `up` starts Zipkin as well (`down` and `status`
 #                            cover it whatever TRACING says)
 #   ZIPKIN_PORT              9411: Zipkin's API, UI (/zipkin/) and span collector
@@ -55,6 +57,8 @@ KAFKA_BROKERS="${KAFKA_BROKERS:-$(cat "$KAFKA_DIR/brokers" 2>/dev/null || echo 1
 # Broker N (1-based) listens on 9091+N for clients and 29091+N for the controller quorum.
 KAFKA_CLIENT_PORT_BASE="${KAFKA_PORT_BASE:-9091}"
 KAFKA_CONTROLLER_PORT_BASE="${KAFKA_CONTROLLER_PORT_BASE:-29091}"
+# Its SASL_SSL listener (Kafka's secured listener, below) on KAFKA_SECURE_PORT_BASE+N.
+KAFKA_SECURE_PORT_BASE="${KAFKA_SECURE_PORT_BASE:-9191}"
 KAFKA_HEAP="${KAFKA_HEAP:--Xms256m -Xmx768m}"
 WAIT_SECONDS="${SERVICES_WAIT_SECONDS:-90}"
 
@@ -442,6 +446,39 @@ kafka_java() {
 
 kafka_node_dir() { echo "$KAFKA_DIR/node-$1"; }
 
+# --- Kafka's secured listener ---
+# Every broker listens twice for clients: PLAINTEXT on KAFKA_PORT_BASE+N, for development and
+# the tests, whose clients are User:ANONYMOUS, a super user (so are the brokers and the
+# controllers among themselves); and SASL_SSL on KAFKA_SECURE_PORT_BASE+N: TLS with a
+# certificate of this project's own CA (made here with openssl, for 127.0.0.1 and localhost),
+# SCRAM-SHA-512 users, and KRaft's StandardAuthorizer, which lets a user do only what its ACLs
+# allow. Users and ACLs are made through the PLAINTEXT listener by whoever needs them
+# (tests/kafka_events/conftest.py; docs/integration.md shows Kafka's own commands).
+KAFKA_TLS_DIR="$KAFKA_DIR/tls"
+# The keystore's password: it guards a certificate for 127.0.0.1, made for this machine only.
+KAFKA_KEYSTORE_PASSWORD=outbox-local
+
+kafka_tls_make() {
+  [[ -f "$KAFKA_TLS_DIR/ca.pem" && -f "$KAFKA_TLS_DIR/broker.p12" ]] && return
+  command -v openssl >/dev/null || apt_install openssl
+  log kafka "making a CA and the brokers' TLS certificate in $KAFKA_TLS_DIR"
+  rm -rf "$KAFKA_TLS_DIR"
+  mkdir -p "$KAFKA_TLS_DIR"
+  (
+    cd "$KAFKA_TLS_DIR"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=outbox local CA" \
+      -keyout ca.key -out ca.pem 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" -keyout broker.key \
+      -out broker.csr 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >broker.ext
+    openssl x509 -req -in broker.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile broker.ext -out broker.pem 2>/dev/null
+    openssl pkcs12 -export -in broker.pem -inkey broker.key -CAfile ca.pem -chain \
+      -name broker -passout "pass:$KAFKA_KEYSTORE_PASSWORD" -out broker.p12
+    rm -f broker.csr broker.ext ca.srl
+  ) || die "openssl could not make the brokers' TLS certificate in $KAFKA_TLS_DIR"
+}
+
 kafka_write_config() {
   local node="$1" brokers="$2" dir voters="" n
   dir="$(kafka_node_dir "$node")"
@@ -456,11 +493,19 @@ kafka_write_config() {
 process.roles=broker,controller
 node.id=$node
 controller.quorum.voters=$voters
-listeners=PLAINTEXT://127.0.0.1:$((KAFKA_CLIENT_PORT_BASE + node)),CONTROLLER://127.0.0.1:$((KAFKA_CONTROLLER_PORT_BASE + node))
-advertised.listeners=PLAINTEXT://127.0.0.1:$((KAFKA_CLIENT_PORT_BASE + node))
+listeners=PLAINTEXT://127.0.0.1:$((KAFKA_CLIENT_PORT_BASE + node)),SECURE://127.0.0.1:$((KAFKA_SECURE_PORT_BASE + node)),CONTROLLER://127.0.0.1:$((KAFKA_CONTROLLER_PORT_BASE + node))
+advertised.listeners=PLAINTEXT://127.0.0.1:$((KAFKA_CLIENT_PORT_BASE + node)),SECURE://127.0.0.1:$((KAFKA_SECURE_PORT_BASE + node))
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SECURE:SASL_SSL
+sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.secure.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+ssl.keystore.type=PKCS12
+ssl.keystore.location=$KAFKA_TLS_DIR/broker.p12
+ssl.keystore.password=$KAFKA_KEYSTORE_PASSWORD
+ssl.key.password=$KAFKA_KEYSTORE_PASSWORD
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:ANONYMOUS
 log.dirs=$dir/data
 num.partitions=6
 default.replication.factor=$replication
@@ -546,6 +591,7 @@ EOF
     echo "$cluster_id" >"$KAFKA_DIR/cluster-id"
   fi
   echo "$KAFKA_BROKERS" >"$KAFKA_DIR/brokers"
+  kafka_tls_make
   for ((node = 1; node <= KAFKA_BROKERS; node++)); do
     kafka_write_config "$node" "$KAFKA_BROKERS"
     if [[ ! -f "$(kafka_node_dir "$node")/data/meta.properties" ]]; then
@@ -557,7 +603,7 @@ EOF
   for ((node = 1; node <= KAFKA_BROKERS; node++)); do
     wait_for "kafka node $node" kafka_node_started "$node"
   done
-  log kafka "Apache Kafka $(kafka_version) (KRaft, $KAFKA_BROKERS node(s)) at $(kafka_default_bootstrap)"
+  log kafka "Apache Kafka $(kafka_version) (KRaft, $KAFKA_BROKERS node(s)) at $(kafka_default_bootstrap); SASL_SSL at 127.0.0.1:$((KAFKA_SECURE_PORT_BASE + 1))"
 }
 
 # Stops broker N with SIGTERM (controlled shutdown) or SIGKILL and waits until its process is

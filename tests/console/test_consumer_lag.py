@@ -50,6 +50,7 @@ def fresh_broker(tmp_path: Path) -> Iterator[str]:
         "KAFKA_BROKERS": "1",
         "KAFKA_PORT_BASE": str(block.kafka_port_base),
         "KAFKA_CONTROLLER_PORT_BASE": str(block.controller_port_base),
+        "KAFKA_SECURE_PORT_BASE": str(block.kafka_secure_port_base),
     }
     env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
     subprocess.run([SERVICES_SCRIPT, "kafka-up"], env=env, check=True, capture_output=True)

@@ -6,8 +6,19 @@ from scenarios import ports
 
 # The developers' own services (scripts/services.sh defaults): PostgreSQL, Redis, Zipkin,
 # the brokers 9092-9094 and their controllers 29092-29094.
-# PostgreSQL and its standby, the two poolers, Redis, Zipkin, the brokers and controllers.
-DEVELOPERS_PORTS = {5432, 5435, 6432, 6433, 6379, 9411, *range(9092, 9095), *range(29092, 29095)}
+# PostgreSQL and its standby, the two poolers, Redis, Zipkin, the brokers' two listeners and
+# their controllers.
+DEVELOPERS_PORTS = {
+    5432,
+    5435,
+    6432,
+    6433,
+    6379,
+    9411,
+    *range(9092, 9095),
+    *range(9192, 9195),
+    *range(29092, 29095),
+}
 
 
 def ephemeral_range() -> range:
@@ -31,7 +42,7 @@ def test_no_block_port_can_be_taken_by_an_outgoing_connection():
 
 def test_blocks_share_no_port_with_each_other_nor_with_the_developers_services():
     all_ports = every_port()
-    # PostgreSQL, its two poolers, its standby, Redis, and a client and a controller port per
-    # broker.
-    assert len(all_ports) == len(set(all_ports)) == ports.PORT_BLOCKS * (5 + 2 * ports.BROKERS)
+    # PostgreSQL, its two poolers, its standby, Redis, and per broker two client ports
+    # (PLAINTEXT, SASL_SSL) and a controller port.
+    assert len(all_ports) == len(set(all_ports)) == ports.PORT_BLOCKS * (5 + 3 * ports.BROKERS)
     assert not set(all_ports) & DEVELOPERS_PORTS
