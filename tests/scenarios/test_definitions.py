@@ -93,3 +93,10 @@ def test_late_lockers_are_counted_and_those_of_one_span_apart():
         early.execute("COMMIT")
         _tick(second)
     assert _late_lock_pairs(run) == {"pairs": 3, "late_lockers": 2, "late_lockers_in_one_span": 1}
+
+
+def test_the_tests_smaller_runs_plan_fewer_faults_and_full_size_runs_all():
+    for name, small, full in (("leader-kill", 6, 10), ("relay-kill", 10, 20), ("baseline", 0, 0)):
+        scenario = SCENARIOS[name]
+        assert scenario.planned_faults_at(2_000) == small
+        assert scenario.planned_faults_at(scenario.full_events()) == full
