@@ -281,16 +281,27 @@ pg_promote() {
 
 # A standby, or a primary demoted by an interrupted failover scenario, left from an earlier
 # run: `up` starts from one primary on PG_PORT.
+# (postgres_standby_forget, once the primary runs, stops it waiting for that standby.)
+PG_STANDBY_CLEARED=0
+
 postgres_standby_clear() {
   if [[ -d "$PG_STANDBY_DATA" ]]; then
     pg_dir_stop "$PG_STANDBY_DATA"
     rm -rf "$PG_STANDBY_DATA"
+    PG_STANDBY_CLEARED=1
     log postgres "removed the standby left in $PG_STANDBY_DATA"
   fi
   if [[ -f "$PG_DATA/standby.signal" ]]; then
     rm -f "$PG_DATA/standby.signal"
+    PG_STANDBY_CLEARED=1
     log postgres "$PG_DATA was left a standby: it starts as the primary"
   fi
+}
+
+postgres_standby_forget() {
+  ((PG_STANDBY_CLEARED)) || return 0
+  psql_on "$PG_PORT" "ALTER SYSTEM RESET synchronous_standby_names" "SELECT pg_reload_conf()" >/dev/null
+  log postgres "the primary waits for no standby"
 }
 
 # --- PgBouncer ---------------------------------------------------------------------------
@@ -830,6 +841,7 @@ case "$command" in
     mkdir -p "$LOCAL_DIR"
     postgres_standby_clear
     postgres_up
+    postgres_standby_forget
     pgbouncer_up
     redis_up
     kafka_up
