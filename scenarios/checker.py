@@ -103,7 +103,8 @@ class DeliveryReport:
     log_replays: int = 0
     # Keys found in more than one partition: their order is not kept by Kafka.
     split_keys: int = 0
-    # Records without an event id (poison records).
+    # Records that are no outbox event's (poison records): without an event id, or with one
+    # the outbox does not hold and no event's payload.
     log_foreign: int = 0
     # Records of event ids the outbox does not hold: events whose transaction committed on a
     # primary that failed over before its standby had it (asynchronous replication), sent
@@ -246,7 +247,8 @@ def check(
     unreplicated: set[str] = set()
     for record in sorted(log, key=lambda r: (r.partition, r.offset)):
         report.log_records += 1
-        if record.event_id is None:
+        if record.event_id is None or (record.event_id not in by_id and record.seq is None):
+            # Not an outbox event's record (poison: no event id, or no event's payload).
             report.log_foreign += 1
             continue
         if record.event_id not in by_id:

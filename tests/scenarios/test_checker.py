@@ -155,11 +155,17 @@ def test_a_done_event_missing_from_the_log_is_reported():
 
 def test_poison_records_are_counted_apart_and_are_not_stuck():
     events = _events(4)
-    log = [*_log(events), LogRecord(partition=0, offset=50, event_id=None, key=None, seq=None)]
+    log = [
+        *_log(events),
+        LogRecord(partition=0, offset=50, event_id=None, key=None, seq=None),
+        # An event id no event has, on a value that is no event's payload (not JSON).
+        LogRecord(partition=0, offset=51, event_id="garbage", key="k0", seq=None),
+    ]
     inbox = [*_inbox(events), InboxRow(event_id="synthetic", status="FAILED")]
     report = _check(events, log=log, inbox=inbox)
     assert report.ok, report.format()
-    assert report.log_foreign == 1
+    assert report.log_foreign == 2
+    assert report.log_unreplicated == 0
     assert report.groups[0].foreign_inbox == {"FAILED": 1}
 
 

@@ -108,7 +108,12 @@ def test_a_fault_aimed_at_the_next_commit_lets_a_writer_waiting_for_it_write_its
     # Three planned faults: a writer of 3 transactions writes its first at once (up to 1/4
     # of its events before the first fault), its second after the first fault (up to 2/4),
     # its last after the schedule.
-    run = Run(replace(SCENARIOS["relay-kill"], planned_faults=3, small_planned_faults=0), events=12, keys=12, seed=1)
+    run = Run(
+        replace(SCENARIOS["relay-kill"], planned_faults=3, small_planned_faults=0),
+        events=12,
+        keys=12,
+        seed=1,
+    )
     writer = threading.Thread(target=run._write, args=(0, 0.0, 0))
     writer.start()
     try:
