@@ -3,6 +3,7 @@ PostgreSQL, Redis and Apache Kafka before pytest runs."""
 
 import os
 import re
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -351,3 +352,18 @@ def secured_kafka(kafka_admin: AdminClient) -> Iterator[SecuredKafka]:
         pytest.fail(f"{secured.ca} is missing: 'scripts/services.sh up' makes it")
     yield secured
     secured.remove_acls()
+
+
+def drop_test_database(server: psycopg.Connection, name: str) -> None:
+    """Drops a database a test made, once the sessions of its subprocesses are gone. Not WITH
+    (FORCE): that fails when an autovacuum worker (a superuser's process) happens to be in
+    it, which a plain DROP cancels; a plain DROP waits up to 5 s for other sessions, here
+    those of processes that just exited, and is tried again twice."""
+    for attempt in range(3):
+        try:
+            server.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            return
+        except psycopg.errors.ObjectInUse:
+            if attempt == 2:
+                raise
+            time.sleep(1)

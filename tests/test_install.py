@@ -26,7 +26,7 @@ from django.conf import settings
 from django.db import connection
 
 from kafka_events.kafka import kafka_connection_config
-from tests.conftest import connect_outside_django
+from tests.conftest import connect_outside_django, drop_test_database
 from tests.distribution import build_distributions
 from tests.kafka_events.test_conf import server_connection
 
@@ -99,7 +99,7 @@ def database() -> Iterator[str]:
         yield name
     finally:
         with server_connection() as server:
-            server.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            drop_test_database(server, name)
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from inbox.conf import inbox_settings
 from kafka_events.conf import AppSettings, kafka_settings
 from kafka_events.kafka import kafka_connection_config
 from outbox.conf import outbox_settings
+from tests.conftest import drop_test_database
 
 DEFAULTS = {
     "BATCH_SIZE": 100,
@@ -246,7 +247,7 @@ def test_a_project_that_adds_outbox_and_inbox_passes_the_checks_and_migrates(tmp
         assert unmade.returncode == 0, unmade.stdout + unmade.stderr
     finally:
         with server_connection() as server:
-            server.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+            drop_test_database(server, database)
 
 
 @contextmanager
