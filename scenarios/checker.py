@@ -154,7 +154,7 @@ class DeliveryReport:
         found = []
         if not self.log_complete:
             found.append("the Kafka log could not be read to its end")
-        for name, value in (
+        counted = [
             ("lost events", self.lost),
             ("duplicate effects", self.duplicate_effects),
             ("order inversions", self.inversions),
@@ -162,11 +162,13 @@ class DeliveryReport:
             ("DONE events missing from the Kafka log", self.log_missing),
             ("keys split over partitions", self.split_keys),
             ("effects of unknown events", sum(g.phantom_effects for g in self.groups)),
-            ("records of events the database does not hold", self.log_unreplicated),
-            ("effects of events the database does not hold", self.unreplicated_effects),
-        ):
-            if self.unreplicated_allowed and name.endswith("the database does not hold"):
-                continue
+        ]
+        if not self.unreplicated_allowed:
+            counted += [
+                ("records of events the database does not hold", self.log_unreplicated),
+                ("effects of events the database does not hold", self.unreplicated_effects),
+            ]
+        for name, value in counted:
             if value:
                 found.append(f"{value} {name}")
         return found

@@ -322,7 +322,12 @@ def postgres_switchback() -> int:
 def _superuser_session(port: int) -> psycopg.Connection:
     # The scenarios' server trusts local connections (initdb -A trust in services.sh).
     return psycopg.connect(
-        host="127.0.0.1", port=port, user="postgres", dbname="postgres", autocommit=True
+        host="127.0.0.1",
+        port=port,
+        user="postgres",
+        dbname="postgres",
+        autocommit=True,
+        connect_timeout=5,
     )
 
 
@@ -376,16 +381,7 @@ def postgres_refuses(port: int) -> bool:
 
 def postgres_timeline(port: int) -> int:
     """The timeline of the server on `port` (each promotion starts a new one)."""
-    database = settings.DATABASES["default"]
-    with psycopg.connect(
-        host="127.0.0.1",
-        port=port,
-        user=database["USER"],
-        password=database["PASSWORD"],
-        dbname=DATABASE_NAME,
-        autocommit=True,
-        connect_timeout=5,
-    ) as session:
+    with _superuser_session(port) as session:
         # The current WAL file's name starts with the timeline, in hex (pg_control_checkpoint's
         # lags a promotion until the checkpoint that follows it).
         row = session.execute(

@@ -54,32 +54,9 @@ def consumer_offsets_lock(
         return {(topic, partition): offset for topic, partition, offset in cursor.fetchall()}
 
 
-def consumer_offsets_store(*, group: str, next_offsets: dict[tuple[str, int], int]) -> None:
-    """Stores the next offset to read per partition, never moving one back. Call inside
-    the transaction of the effects, after consumer_offsets_lock()."""
-    _require_atomic()
-    if not next_offsets:
-        return
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            UPDATE inbox_consumer_offset AS o
-            SET next_offset = GREATEST(o.next_offset, t.next_offset), updated_at = now()
-            FROM unnest(%s::text[], %s::integer[], %s::bigint[]) AS t(topic, partition, next_offset)
-            WHERE o.consumer_group = %s AND o.topic = t.topic AND o.partition = t.partition
-            """,
-            [
-                [topic for topic, _ in next_offsets],
-                [partition for _, partition in next_offsets],
-                list(next_offsets.values()),
-                group,
-            ],
-        )
-
-
 def consumer_offsets_advance(*, group: str, next_offsets: dict[tuple[str, int], int]) -> None:
     """Stores the next offset to read per partition, creating missing rows, never moving one
-    back: one statement, for a batch whose stored offsets were not locked. Call inside the
+    back, in one statement (after consumer_offsets_lock() or without it). Call inside the
     transaction of the effects."""
     _require_atomic()
     if not next_offsets:

@@ -30,7 +30,6 @@ from inbox.services.offsets import (
     _require_atomic,
     consumer_offsets_advance,
     consumer_offsets_lock,
-    consumer_offsets_store,
 )
 from inbox.services.sequences import group_ordering, held_sequences
 from inbox.tracing import Outcome, process_span, running_in
@@ -566,9 +565,7 @@ def inbox_message_record_batch(
     inbox_attempts_insert(
         attempts=context.attempts, member=member or attempt_member(f"inbox-{group}")
     )
-    if exactly_once:
-        consumer_offsets_store(group=group, next_offsets=next_offsets)
-    elif track_positions:
+    if exactly_once or track_positions:
         consumer_offsets_advance(group=group, next_offsets=next_offsets)
     return result
 
