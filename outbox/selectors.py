@@ -119,10 +119,10 @@ def outbox_last_published_at() -> datetime | None:
 # --- the relay's backlog ---------------------------------------------------------------------
 # The relay never updates an event row, so no index on the rows says what is left to send.
 # Its cursors do: every event visible in the snapshot of the oldest current cursor's tick is
-# delivered, held or discarded, so what is left is found from that snapshot's xmin on the
-# (txid, position) index (the events after the cursors, few while the relay keeps up), less
-# those with an outcome, plus the held set (small). The backlog scans neither the event nor
-# the delivery table.
+# delivered, held or discarded, so what is left is found on the (txid, position) index from
+# that snapshot's xmax and among the transactions it saw running (the events after the
+# cursors, few while the relay keeps up), less those with an outcome, plus the held set
+# (small). The backlog scans neither the event nor the delivery table.
 
 # A snapshot in which no transaction is visible: with no cursor recorded, every event is left.
 NOTHING_VISIBLE_SNAPSHOT = "1:1:"
@@ -163,16 +163,23 @@ def outbox_log_cursor_snapshot() -> str:
     return row[0] if row else NOTHING_VISIBLE_SNAPSHOT
 
 
-# The events after the cursors with no outcome yet, not held: a range of the (txid, position)
-# index from the xmin of the oldest cursor's snapshot, each checked for an outcome through the
-# event_id indexes of the day partitions from its creation on (RECORD_CLOCK_MARGIN). The
-# snapshot goes in as a constant, so that the planner reads the size of that range from the
-# statistics (and the end of the index).
+# The events after the cursors with no outcome yet, not held: those of the transactions the
+# oldest cursor's snapshot did not see, as the relay reads a span (event_log.spans): a range of
+# the (txid, position) index from the snapshot's xmax, and the transactions of its xip list.
+# Never a range from its xmin: a writer idle in its transaction would make every count walk all
+# that committed since it began. Each is checked for an outcome through the event_id indexes of
+# the day partitions from its creation on (RECORD_CLOCK_MARGIN). The snapshot goes in as a
+# constant, so that the planner reads the size of that range from the statistics (and the end
+# of the index).
 _UNSENT_EVENTS_SQL = f"""
-FROM outbox_event AS event
-WHERE event.txid >= pg_snapshot_xmin(%(since)s::pg_snapshot)
-  AND NOT pg_visible_in_snapshot(event.txid, %(since)s::pg_snapshot)
-  AND NOT EXISTS (
+FROM (
+    SELECT id, created_at, txid, position FROM outbox_event
+    WHERE txid >= pg_snapshot_xmax(%(since)s::pg_snapshot)
+    UNION ALL
+    SELECT id, created_at, txid, position FROM outbox_event
+    WHERE txid = ANY(ARRAY(SELECT pg_snapshot_xip(%(since)s::pg_snapshot)))
+) AS event
+WHERE NOT EXISTS (
       SELECT 1 FROM outbox_delivery AS delivery
       WHERE delivery.event_id = event.id AND delivery.outcome IN ('PUBLISHED', 'DISCARDED')
         AND delivery.published_at >= event.created_at - {RECORD_CLOCK_MARGIN_SQL}

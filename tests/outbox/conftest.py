@@ -57,6 +57,38 @@ def publish_events(topic: str, count: int, *, keys: int = 10, start: int = 0) ->
         ]
 
 
+@pytest.fixture
+def without_sequential_scans() -> Iterator[None]:
+    """This session's reads go through indexes, as on a production-sized table: on a test's
+    small one the planner may read a whole partition instead, which says nothing of how far
+    an index range would walk."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("RESET enable_seqscan")
+
+
+def event_rows_read() -> int:
+    """Rows and index entries this database's sessions have read from the event table's
+    partitions (a sequential scan counts each row it reads), this session's counts flushed
+    first."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute(
+            """
+            WITH partition AS (
+                SELECT relid FROM pg_partition_tree('outbox_event'::regclass)
+            )
+            SELECT (SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_user_tables
+                    WHERE relid IN (SELECT relid FROM partition))
+                 + (SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes
+                    WHERE relid IN (SELECT relid FROM partition))
+            """
+        )
+        return int(cursor.fetchone()[0])
+
+
 def consume_all(
     consumer_config: dict, topic: str, *, expected: int, timeout: float = 60.0
 ) -> list[Message]:

@@ -18,7 +18,8 @@ from outbox.selectors import (
 )
 from outbox.services.event_log.shards import ALL_SHARDS, shard_of
 from outbox.services.partitions import partition_create
-from tests.conftest import event_row_place
+from tests.conftest import connect_outside_django, event_row_place
+from tests.outbox.conftest import event_rows_read, publish_events
 
 pytestmark = pytest.mark.django_db
 
@@ -272,6 +273,34 @@ def test_the_oldest_current_cursor_bounds_what_is_unsent():
     # the oldest cursor is where the search starts, and what the others sent is left out.
     cursor_at(tick_id=before, shards=[shard_of(lagging.key)])
     assert outbox_log_backlog().unsent == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_writer_idle_in_its_transaction_does_not_make_the_backlog_walk_what_was_sent(
+    without_sequential_scans,
+):
+    with connect_outside_django(connection.settings_dict) as writer:
+        # A transaction id held, the session idle: every snapshot's xmin stays at it.
+        writer.execute("SELECT pg_current_xact_id()")
+        for start in range(0, 3000, 1000):
+            publish_events("orders", 1000, start=start)
+        # The relay's cursor after the 3,000: its snapshot sees them, not the writer.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_current_snapshot()::text")
+            snapshot = cursor.fetchone()[0]
+        cursor_at(snapshot=snapshot)
+        publish_events("orders", 1, start=3000)
+        before = event_rows_read()
+
+        backlog = outbox_log_backlog()
+
+        entries = event_rows_read() - before
+        writer.rollback()
+    assert int(snapshot.split(":")[0]) < int(snapshot.split(":")[1])  # the writer in its xip
+    assert backlog.unsent == 1
+    # The count finds the one new event without walking the 3,000 committed since the
+    # writer's transaction began (a read from the snapshot's xmin walks them all).
+    assert entries <= 20, entries
 
 
 def test_quarantined_keys_are_the_held_keys_with_their_heads():
