@@ -640,15 +640,21 @@ kafka_running_pid() {
   echo "$pid"
 }
 
-# Sends `signal` to `pid` and waits until it is gone; SIGKILL if it is still there after
-# WAIT_SECONDS. STOP_FORCED says whether it took the SIGKILL.
+# Sends `signal` to each pid and waits until all are gone; SIGKILL to those still there after
+# WAIT_SECONDS. STOP_FORCED says whether it took a SIGKILL.
 stop_process() {
-  local pid="$1" signal="$2" deadline=$((SECONDS + WAIT_SECONDS))
+  local signal="$1" deadline=$((SECONDS + WAIT_SECONDS)) pid alive
+  shift
   STOP_FORCED=0
-  kill "-$signal" "$pid"
-  while kill -0 "$pid" 2>/dev/null; do
+  kill "-$signal" "$@"
+  while :; do
+    alive=()
+    for pid in "$@"; do
+      if kill -0 "$pid" 2>/dev/null; then alive+=("$pid"); fi
+    done
+    ((${#alive[@]})) || break
     if ((SECONDS >= deadline && ! STOP_FORCED)); then
-      kill -KILL "$pid" 2>/dev/null || true
+      kill -KILL "${alive[@]}" 2>/dev/null || true
       STOP_FORCED=1
     fi
     sleep 0.2
@@ -680,19 +686,29 @@ kafka_stop_node() {
   dir="$(kafka_node_dir "$node")"
   pid="$(kafka_running_pid "$node" "stop with SIG$signal")" || exit 1
   KAFKA_STOPPED_PID="$pid"
-  stop_process "$pid" "$signal"
+  stop_process "$signal" "$pid"
   KAFKA_STOP_FORCED="$STOP_FORCED"
   rm -f "$dir/kafka.pid"
 }
 
+# Every broker at once: stopped one after another, the last ones' controlled shutdown waits
+# for a controller quorum that the first ones took away, until WAIT_SECONDS runs out.
 kafka_down() {
-  local node stopped=0
+  local node pids=() dirs=()
   for dir in "$KAFKA_DIR"/node-*; do
     [[ -d "$dir" ]] || continue
     node="${dir##*-}"
-    if kafka_node_running "$node"; then kafka_stop_node "$node"; stopped=1; fi
+    if kafka_node_running "$node"; then
+      pids+=("$(kafka_running_pid "$node" stop)") dirs+=("$dir")
+    fi
   done
-  if ((stopped)); then log kafka stopped; else log kafka "not started by this project"; fi
+  if ((${#pids[@]} == 0)); then
+    log kafka "not started by this project"
+    return
+  fi
+  stop_process TERM "${pids[@]}"
+  for dir in "${dirs[@]}"; do rm -f "$dir/kafka.pid"; done
+  if ((STOP_FORCED)); then log kafka "stopped (SIGKILL after ${WAIT_SECONDS}s)"; else log kafka stopped; fi
 }
 
 kafka_status() {
@@ -811,7 +827,7 @@ zipkin_down() {
     log zipkin "not started by this project"
     return
   fi
-  stop_process "$(zipkin_pid)" TERM
+  stop_process TERM "$(zipkin_pid)"
   rm -f "$ZIPKIN_PIDFILE"
   if ((STOP_FORCED)); then log zipkin "stopped (SIGTERM ignored for ${WAIT_SECONDS}s, then SIGKILL)"; else log zipkin stopped; fi
 }
