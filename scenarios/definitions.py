@@ -24,6 +24,7 @@ from typing import Any
 
 import environ
 import psycopg
+from confluent_kafka.admin import AclBinding, AclOperation, ResourceType
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
@@ -32,7 +33,7 @@ import outbox
 from inbox.models import ConsumerOffset, InboxMessage
 from outbox.conf import outbox_settings
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
-from outbox.selectors import outbox_events_with_delivery
+from outbox.selectors import outbox_events_with_delivery, outbox_quarantined_keys
 from outbox.services.event_log.cursors import Cursor
 from outbox.services.event_log.shards import ALL_SHARDS, SHARD_LOCK_CLASS
 from outbox.services.event_log.spans import batch_read
@@ -60,6 +61,7 @@ from scenarios.runner import (
     Scenario,
     create_topic,
 )
+from scenarios.secured_kafka import READER, WRITER, allowed
 
 # Wait after a broker restart, so every round starts from a healthy cluster.
 HEALTHY_WAIT_SECONDS = 120.0
@@ -1904,13 +1906,19 @@ def _missing_topic_start(run: Run) -> None:
 
 def _publish_missing(run: Run, number: int) -> None:
     """The missing topic's event `number`, on key m{number % MISSING_TOPIC_KEYS}."""
-    key = f"m{number % MISSING_TOPIC_KEYS}"
+    _publish_numbered(_missing_topic(run), "m", MISSING_TOPIC_KEYS, number)
+
+
+def _publish_numbered(topic: str, key_prefix: str, keys: int, number: int) -> None:
+    """Event `number` of a topic beside the run's, on key {key_prefix}{number % keys}, with
+    its place among its key's events in payload['seq'] (the checker's order per key)."""
+    key = f"{key_prefix}{number % keys}"
     outbox.publish(
         aggregate_type=AGGREGATE_TYPE,
         aggregate_id=key,
         event_type=EVENT_TYPE,
-        payload={"seq": number // MISSING_TOPIC_KEYS, "n": number, "key": key},
-        topic=_missing_topic(run),
+        payload={"seq": number // keys, "n": number, "key": key},
+        topic=topic,
     )
 
 
@@ -2033,13 +2041,12 @@ def _missing_topic_retry(run: Run) -> int:
         return outbox_events_retry(event_ids=event_ids)
 
 
-def _wait_missing_topic_published(run: Run) -> float | None:
-    """Seconds until every event of the (now created) topic has a PUBLISHED delivery record
-    and none is held, or None after MISSING_TOPIC_RETRY_SECONDS."""
-    topic = _missing_topic(run)
+def _wait_topic_published(topic: str, timeout: float) -> float | None:
+    """Seconds until every event of `topic` has a PUBLISHED delivery record and none is
+    held, or None after `timeout`."""
     began = time.monotonic()
     events = OutboxEvent.objects.filter(topic=topic)
-    while time.monotonic() - began < MISSING_TOPIC_RETRY_SECONDS:
+    while time.monotonic() - began < timeout:
         published = (
             OutboxDelivery.objects.filter(
                 event_id__in=events.values("id"), outcome=OutboxDelivery.Outcome.PUBLISHED
@@ -2104,7 +2111,7 @@ def _missing_topic_faults(run: Run) -> None:
     run.verify(retried, seen=retried.result > 0, effect="held heads made due")
     arrived = run.fault(
         f"the missing topic's events published within {MISSING_TOPIC_RETRY_SECONDS:g} s",
-        partial(_wait_missing_topic_published, run),
+        partial(_wait_topic_published, _missing_topic(run), MISSING_TOPIC_RETRY_SECONDS),
         check=True,
     )
     arrived.detail = "not all" if arrived.result is None else f"{arrived.result:.1f} s"
@@ -2118,22 +2125,26 @@ def _missing_topic_faults(run: Run) -> None:
     )
 
 
-def _check_missing_topic(run: Run) -> None:
-    """The run's topic flowed without a stall (its publish lag p99 within the bound); the
-    missing topic's events, once the topic existed and they were retried, are all in its log,
-    in order per key, nothing stuck (the delivery checker's log checks on that topic)."""
+def _run_topic_lag_checked(run: Run, bound: float) -> dict[str, Any]:
+    """The publish lag of the run's events (created -> first PUBLISHED record); a p99 over
+    `bound` seconds, or an event without a record, is a problem of the run."""
     lags = sorted(
         (published - created).total_seconds() for created, _, published in _publish_lags(run)
     )
-    state = run.extra["missing_topic"]
-    state["publish_lag"] = lag = _lag_figures(lags)
+    lag = _lag_figures(lags)
     p99 = lag["p99_ms"]
-    if lag["events"] != run.events or p99 is None or p99 > MISSING_TOPIC_LAG_P99_SECONDS * 1000:
+    if lag["events"] != run.events or p99 is None or p99 > bound * 1000:
         run.extra_problems.append(
             f"publish lag of the run's topic p99 {lag['p99_ms']} ms over {lag['events']} events, "
-            f"bound {MISSING_TOPIC_LAG_P99_SECONDS * 1000:.0f} ms"
+            f"bound {bound * 1000:.0f} ms"
         )
-    topic = _missing_topic(run)
+    return lag
+
+
+def _topic_log_checked(run: Run, topic: str, what: str) -> dict[str, Any]:
+    """The delivery checker's log checks on a topic beside the run's, whose events no group
+    consumes: each event in the log, once, in order per key. Its problems, or an event not in
+    the log, are problems of the run (saying `what`)."""
     log, complete = read_log(topic=topic) if _topic_exists(topic) else ([], False)
     report = check(
         topic=topic,
@@ -2143,14 +2154,24 @@ def _check_missing_topic(run: Run) -> None:
         effects={},
         log_complete=complete,
     )
-    state["after_retry"] = {
+    if report.problems() or report.log_records < report.events:
+        run.extra_problems.append(f"{what}: {report.format()}")
+    return {
         "events": report.events,
         "log_records": report.log_records,
         "log_duplicates": report.log_duplicates,
         "problems": report.problems(),
     }
-    if report.problems() or report.log_records < report.events:
-        run.extra_problems.append(f"the missing topic after its retry: {report.format()}")
+
+
+def _check_missing_topic(run: Run) -> None:
+    """The run's topic flowed without a stall (its publish lag p99 within the bound); the
+    missing topic's events, once the topic existed and they were retried, are all in its log,
+    in order per key, nothing stuck (the delivery checker's log checks on that topic)."""
+    state = run.extra["missing_topic"]
+    state["publish_lag"] = lag = _run_topic_lag_checked(run, MISSING_TOPIC_LAG_P99_SECONDS)
+    report = _topic_log_checked(run, _missing_topic(run), "the missing topic after its retry")
+    state["after_retry"] = report
     held = state.get("held", {})
     heads: dict[str, dict[str, Any]] = held.get("heads", {})
     example = next(iter(heads.values()), {}).get("last_error", "-")
@@ -2163,8 +2184,233 @@ def _check_missing_topic(run: Run) -> None:
         f"{MISSING_TOPIC_KEYS * MISSING_TOPIC_EVENTS_PER_KEY} events held, heads' attempts "
         f"{[head['attempts'] for head in heads.values()]}, e.g. "
         f"{example!r}; after the topic's creation "
-        f"and the retry ({state.get('retried')} heads): {report.log_records} records in its log "
+        f"and the retry ({state.get('retried')} heads): {report['log_records']} records in its "
+        "log "
         f"in {state.get('published_after_retry_seconds')} s",
+    ]
+
+
+# 23: the relay's user may no longer write one topic, beside topics that flow ---------------
+
+# The denied topic's events: ACL_DENIED_KEYS keys, the first event of each written while the
+# relay's user may write the topic, the rest once its WRITE permission is gone, each in a
+# transaction of its own, ACL_DENIED_WRITE_INTERVAL_SECONDS apart, while the run's events flow.
+ACL_DENIED_KEYS = 5
+ACL_DENIED_EVENTS_PER_KEY = 8
+ACL_DENIED_WRITE_INTERVAL_SECONDS = 0.1
+# The run's events are written over missing-topic's 50 s at full size and never less than
+# this: the denial (ACL_DENIED_SECONDS after the first events of the denied topic flowed) falls
+# inside the writing at every size.
+ACL_DENIED_MIN_WRITING_SECONDS = 15.0
+# How long the permission stays away: each head is tried again a few times meanwhile (the
+# relay's backoff from RETRY_BASE_SECONDS, 1 s, doubling).
+ACL_DENIED_SECONDS = 6.0
+# How long the checks wait for the first events' publication and for each key's refusal.
+ACL_DENIED_WAIT_SECONDS = 15.0
+# Once the permission is back, every held event must be published by the relay's own
+# retries within this long: a head's next try comes within its backoff (4 s after its third
+# attempt, 8 s after its fourth, with jitter); no operator acts.
+ACL_RESTORED_WAIT_SECONDS = 45.0
+# The run's topic flows as in missing-topic: the same writing, the same bound.
+ACL_DENIED_LAG_P99_SECONDS = MISSING_TOPIC_LAG_P99_SECONDS
+# The authorizer's answer as the relay records it (librdkafka's name of Kafka's error).
+TOPIC_AUTHORIZATION_FAILED = "TOPIC_AUTHORIZATION_FAILED"
+
+
+def _denied_topic(run: Run) -> str:
+    return f"{run.topic}.denied"
+
+
+def _relay_user(run: Run) -> str:
+    return f"relay-{run.run_id}"
+
+
+def _group_user(run: Run) -> str:
+    return f"group-{run.run_id}"
+
+
+def _denied_write(run: Run) -> AclBinding:
+    """The relay's user's permission to write the denied topic: the fault takes it away."""
+    return allowed(_relay_user(run), ResourceType.TOPIC, _denied_topic(run), AclOperation.WRITE)
+
+
+def _acl_denied_start(run: Run) -> None:
+    """The relay and two consumers through the cluster's secured listener (TLS, SCRAM), each
+    role a user of its own whose ACLs allow only its part: the relay's user writes the run's
+    topic, the denied topic (created here) and the warm-up topic; the group's user reads the
+    run's topic in the run's group. The writing starts once the relay has published a warm-up
+    event."""
+    secured = faults.secured_kafka()
+    relay, group = secured.user(_relay_user(run)), secured.user(_group_user(run))
+    create_topic(_denied_topic(run))
+    for topic in (f"{run.topic}.warm-up", run.topic, _denied_topic(run)):
+        secured.allow(relay, ResourceType.TOPIC, topic, *WRITER)
+    secured.allow(group, ResourceType.TOPIC, run.topic, *READER)
+    secured.allow(group, ResourceType.GROUP, run.group, AclOperation.READ)
+    run.add_relay(1, env=secured.client_environment(relay))
+    for index in (1, 2):
+        run.add_consumer(index, env=secured.client_environment(group))
+    state: dict[str, Any] = {"topic": _denied_topic(run), "relay_user": relay, "group_user": group}
+    run.extra["acl_denied"] = state
+    state["relay_warm_up_seconds"] = _relay_warm_up(
+        run, within=RELAY_UP_SECONDS, problem=RELAY_UP_PROBLEM
+    )
+
+
+def _publish_denied(run: Run, numbers: range, *, interval: float = 0.0) -> None:
+    """The denied topic's events `numbers`: in one transaction, or with `interval`, each in a
+    transaction of its own that far apart."""
+    if not interval:
+        with transaction.atomic():
+            for number in numbers:
+                _publish_numbered(_denied_topic(run), "d", ACL_DENIED_KEYS, number)
+        return
+    for number in numbers:
+        with transaction.atomic():
+            _publish_numbered(_denied_topic(run), "d", ACL_DENIED_KEYS, number)
+        time.sleep(interval)
+
+
+def _events_published(topic: str, *, since: datetime | None = None) -> int:
+    """The events of `topic` with a PUBLISHED delivery record (one published at `since` or
+    later)."""
+    records = OutboxDelivery.objects.filter(
+        event_id__in=OutboxEvent.objects.filter(topic=topic).values("id"),
+        outcome=OutboxDelivery.Outcome.PUBLISHED,
+    )
+    if since is not None:
+        records = records.filter(published_at__gte=since)
+    return records.values("event_id").distinct().count()
+
+
+def _acl_denied_first_published(run: Run) -> float | None:
+    """Writes the first event of each of the denied topic's keys; seconds until all are
+    published, or None after ACL_DENIED_WAIT_SECONDS."""
+    _publish_denied(run, range(ACL_DENIED_KEYS))
+    began = time.monotonic()
+    while _events_published(_denied_topic(run)) < ACL_DENIED_KEYS:
+        if time.monotonic() - began > ACL_DENIED_WAIT_SECONDS:
+            return None
+        time.sleep(0.1)
+    return time.monotonic() - began
+
+
+def _acl_denied_held(run: Run, *, since: datetime) -> dict[str, Any]:
+    """The denied topic's keys as the console lists the held ones (outbox_quarantined_keys),
+    waited for until each has a head tried at least once and refused by the authorizer (up to
+    ACL_DENIED_WAIT_SECONDS); and what was published of each topic since the permission went."""
+    topic = _denied_topic(run)
+    deadline = time.monotonic() + ACL_DENIED_WAIT_SECONDS
+    while True:
+        heads: dict[str, dict[str, Any]] = {
+            key.key: {
+                "event_id": key.blocking_event_id,
+                "status": key.blocking_status,
+                "attempts": key.blocking_attempts,
+                "error": key.blocking_error,
+                "waiting": key.waiting_events,
+            }
+            for key in outbox_quarantined_keys()
+            if key.topic == topic
+        }
+        refused = [
+            head
+            for head in heads.values()
+            if head["attempts"] >= 1 and TOPIC_AUTHORIZATION_FAILED in head["error"]
+        ]
+        if len(refused) == ACL_DENIED_KEYS or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    return {
+        "heads": dict(sorted(heads.items())),
+        "refused": len(refused),
+        "run_topic_published_since": _events_published(run.topic, since=since),
+        "denied_published_since": _events_published(topic, since=since),
+    }
+
+
+def _acl_denied_faults(run: Run) -> None:
+    state = run.extra["acl_denied"]
+    secured = faults.secured_kafka()
+    topic, write = _denied_topic(run), _denied_write(run)
+    first = run.fault(
+        f"the first event of each of {topic}'s {ACL_DENIED_KEYS} keys published",
+        partial(_acl_denied_first_published, run),
+        check=True,
+    )
+    first.detail = "not all" if first.result is None else f"{first.result:.1f} s"
+    run.verify(first, seen=first.result is not None, effect="a PUBLISHED delivery record of each")
+    revoked = run.fault(
+        f"WRITE on {topic} taken from {state['relay_user']}", partial(secured.revoke, [write])
+    )
+    run.verify(
+        revoked,
+        seen=revoked.result == 1 and not secured.granted(write),
+        effect="the ACL deleted, no longer in the cluster",
+    )
+    rest = range(ACL_DENIED_KEYS, ACL_DENIED_KEYS * ACL_DENIED_EVENTS_PER_KEY)
+    _publish_denied(run, rest, interval=ACL_DENIED_WRITE_INTERVAL_SECONDS)
+    held = run.fault(
+        f"each key of {topic} held, refused by the authorizer, as the console lists them",
+        partial(_acl_denied_held, run, since=revoked.started_at),
+        check=True,
+    )
+    state["held"] = held.result
+    held.detail = (
+        f"{held.result['refused']} of {ACL_DENIED_KEYS} keys' heads refused, attempts "
+        f"{[head['attempts'] for head in held.result['heads'].values()]}; published since the "
+        f"ACL went: {held.result['run_topic_published_since']} of the run's events, "
+        f"{held.result['denied_published_since']} of {topic}"
+    )
+    run.verify(
+        held,
+        seen=held.result["refused"] == ACL_DENIED_KEYS
+        and held.result["run_topic_published_since"] > 0,
+        effect=f"every key of the topic held, its head tried and refused with "
+        f"{TOPIC_AUTHORIZATION_FAILED}; the run's events published meanwhile",
+    )
+    time.sleep(max(0.0, ACL_DENIED_SECONDS - (time.monotonic() - revoked.started)))
+    restored = run.fault(
+        f"WRITE on {topic} given back to {state['relay_user']}", partial(secured.grant, [write])
+    )
+    run.verify(restored, seen=secured.granted(write), effect="the ACL in the cluster")
+    arrived = run.fault(
+        f"{topic}'s events published by the relay's own retries within "
+        f"{ACL_RESTORED_WAIT_SECONDS:g} s",
+        partial(_wait_topic_published, topic, ACL_RESTORED_WAIT_SECONDS),
+        check=True,
+    )
+    arrived.detail = "not all" if arrived.result is None else f"{arrived.result:.1f} s"
+    state["published_after_restore_seconds"] = (
+        None if arrived.result is None else round(arrived.result, 1)
+    )
+    run.verify(
+        arrived,
+        seen=arrived.result is not None,
+        effect="a PUBLISHED delivery record of each, none held",
+    )
+
+
+def _check_acl_denied(run: Run) -> None:
+    """The run's topic flowed without a stall (its publish lag p99 within the bound); the
+    denied topic's events are all in its log once allowed again, once each, in order per key
+    (the delivery checker's log checks on that topic)."""
+    state = run.extra["acl_denied"]
+    state["publish_lag"] = lag = _run_topic_lag_checked(run, ACL_DENIED_LAG_P99_SECONDS)
+    report = _topic_log_checked(run, _denied_topic(run), "the denied topic once allowed again")
+    state["after_restore"] = report
+    held = state.get("held", {})
+    heads: dict[str, dict[str, Any]] = held.get("heads", {})
+    example = next(iter(heads.values()), {}).get("error", "-")
+    run.extra["summary"] = [
+        f"run's topic: {run.events:,} events, publish lag p50 {lag['p50_ms']} ms, p99 "
+        f"{lag['p99_ms']} ms (bound {ACL_DENIED_LAG_P99_SECONDS * 1000:.0f} ms), max "
+        f"{lag['max_ms']} ms; {held.get('run_topic_published_since')} of them published while "
+        "denied",
+        f"denied topic: {held.get('refused')} of {ACL_DENIED_KEYS} keys held, heads' attempts "
+        f"{[head['attempts'] for head in heads.values()]}, e.g. {example!r}; once allowed "
+        f"again: {report['log_records']} records of {report['events']} events in its log in "
+        f"{state.get('published_after_restore_seconds')} s",
     ]
 
 
@@ -2883,6 +3129,19 @@ SCENARIOS: dict[str, Scenario] = {
             min_production_seconds=MIN_WRITING_SECONDS,
             write=partial(_spread_write, then=_missing_topic_events),
             after=_check_missing_topic,
+            stall_seconds=30,
+        ),
+        Scenario(
+            "acl-denied",
+            "The relay's user, on Kafka's TLS and SCRAM listener, loses its permission to "
+            "write one topic while events flow to it and to others; the permission given back",
+            True,
+            _acl_denied_start,
+            _acl_denied_faults,
+            production_seconds=WRITING_SECONDS,
+            min_production_seconds=ACL_DENIED_MIN_WRITING_SECONDS,
+            write=_spread_write,
+            after=_check_acl_denied,
             stall_seconds=30,
         ),
         Scenario(

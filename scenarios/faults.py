@@ -23,6 +23,7 @@ from redis.retry import Retry
 
 from kafka_events.conf import kafka_settings
 from scenarios import ports
+from scenarios.secured_kafka import SecuredKafka, tls_ca
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,14 @@ ISR_WAIT_SECONDS = 120.0
 def bootstrap_servers(block: ports.PortBlock | None = None) -> str:
     block = block or ports.recorded_block()
     return ",".join(f"127.0.0.1:{block.kafka(node)}" for node in range(1, BROKERS + 1))
+
+
+def secured_bootstrap_servers(block: ports.PortBlock | None = None) -> str:
+    """The brokers' SASL_SSL listeners (TLS, SCRAM users, ACLs: scenarios/secured_kafka.py)."""
+    block = block or ports.recorded_block()
+    return ",".join(
+        f"127.0.0.1:{block.kafka_secure_port_base + node}" for node in range(1, BROKERS + 1)
+    )
 
 
 def isolated_environment(block: ports.PortBlock | None = None) -> dict[str, str]:
@@ -103,6 +112,13 @@ def running() -> bool:
 
 def admin() -> AdminClient:
     return AdminClient({"bootstrap.servers": bootstrap_servers()})
+
+
+def secured_kafka() -> SecuredKafka:
+    """Users and ACLs of the isolated cluster's secured listener."""
+    return SecuredKafka(
+        admin(), bootstrap=secured_bootstrap_servers(), ca=tls_ca(ports.local_dir())
+    )
 
 
 def partition_leaders(topic: str) -> dict[int, int]:

@@ -13,24 +13,13 @@ from typing import Any
 import psycopg
 import pytest
 import redis
-from confluent_kafka.admin import (
-    AclBinding,
-    AclBindingFilter,
-    AclOperation,
-    AclPermissionType,
-    AdminClient,
-    NewTopic,
-    ResourcePatternType,
-    ResourceType,
-    ScramCredentialInfo,
-    ScramMechanism,
-    UserScramCredentialUpsertion,
-)
+from confluent_kafka.admin import AdminClient, NewTopic
 from django.conf import settings
 from django.db import connection
 
 from kafka_events.conf import kafka_settings
 from kafka_events.kafka import kafka_connection_config
+from scenarios.secured_kafka import SecuredKafka, tls_ca
 
 KAFKA_TIMEOUT_SECONDS = 30
 BROKER_LOG = Path(settings.BASE_DIR) / ".local" / "kafka" / "node-1" / "kafka.log"
@@ -260,94 +249,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.fixturenames.append("kafka_admin")  # type: ignore[attr-defined]
 
 
-# Kafka's secured listener (scripts/services.sh): SASL_SSL on KAFKA_SECURE_PORT_BASE + 1, a
-# certificate of the project's own CA, SCRAM-SHA-512 users, and ACLs that only its PLAINTEXT
-# clients (User:ANONYMOUS, a super user) bypass.
+# Kafka's secured listener (scripts/services.sh): SASL_SSL on KAFKA_SECURE_PORT_BASE + 1.
 SECURE_PORT_BASE = int(os.environ.get("KAFKA_SECURE_PORT_BASE", "9191"))
-SCRAM_ITERATIONS = 4096
-
-
-class SecuredKafka:
-    """Users of the secured listener, made through the PLAINTEXT admin client; ACLs made by
-    a test are deleted after it."""
-
-    def __init__(self, admin: AdminClient) -> None:
-        self.admin = admin
-        self.bootstrap = f"127.0.0.1:{SECURE_PORT_BASE + 1}"
-        local = Path(os.environ.get("LOCAL_DIR", Path(settings.BASE_DIR) / ".local"))
-        self.ca = local / "kafka" / "tls" / "ca.pem"
-        self.passwords: dict[str, str] = {}
-        self.acls: list[AclBinding] = []
-
-    def user(self, name: str) -> str:
-        """Creates (or sets the password of) SCRAM user `name`; returns the name."""
-        password = uuid.uuid4().hex
-        futures = self.admin.alter_user_scram_credentials(
-            [
-                UserScramCredentialUpsertion(
-                    name,
-                    ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS),
-                    password.encode(),
-                )
-            ]
-        )
-        for future in futures.values():
-            future.result(timeout=KAFKA_TIMEOUT_SECONDS)
-        self.passwords[name] = password
-        return name
-
-    def allow(
-        self,
-        user: str,
-        resource: ResourceType,
-        name: str,
-        *operations: AclOperation,
-        prefixed: bool = False,
-    ) -> None:
-        pattern = ResourcePatternType.PREFIXED if prefixed else ResourcePatternType.LITERAL
-        bindings = [
-            AclBinding(
-                resource, name, pattern, f"User:{user}", "*", operation, AclPermissionType.ALLOW
-            )
-            for operation in operations
-        ]
-        for future in self.admin.create_acls(bindings).values():
-            future.result(timeout=KAFKA_TIMEOUT_SECONDS)
-        self.acls.extend(bindings)
-
-    def client_config(self, user: str) -> dict[str, str]:
-        """What a project puts in KAFKA_EVENTS["CLIENT_CONFIG"] for this listener and user."""
-        return {
-            "security.protocol": "SASL_SSL",
-            "sasl.mechanism": "SCRAM-SHA-512",
-            "sasl.username": user,
-            "sasl.password": self.passwords[user],
-            "ssl.ca.location": str(self.ca),
-        }
-
-    def remove_acls(self) -> None:
-        if not self.acls:
-            return
-        filters = [
-            AclBindingFilter(
-                b.restype,
-                b.name,
-                b.resource_pattern_type,
-                b.principal,
-                b.host,
-                b.operation,
-                b.permission_type,
-            )
-            for b in self.acls
-        ]
-        for future in self.admin.delete_acls(filters).values():
-            future.result(timeout=KAFKA_TIMEOUT_SECONDS)
-        self.acls = []
 
 
 @pytest.fixture
 def secured_kafka(kafka_admin: AdminClient) -> Iterator[SecuredKafka]:
-    secured = SecuredKafka(kafka_admin)
+    """Users of the developers' broker's secured listener; the ACLs a test made are deleted
+    after it."""
+    local = Path(os.environ.get("LOCAL_DIR", Path(settings.BASE_DIR) / ".local"))
+    secured = SecuredKafka(
+        kafka_admin, bootstrap=f"127.0.0.1:{SECURE_PORT_BASE + 1}", ca=tls_ca(local)
+    )
     if not secured.ca.exists():
         pytest.fail(f"{secured.ca} is missing: 'scripts/services.sh up' makes it")
     yield secured

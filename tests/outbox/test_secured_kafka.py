@@ -18,12 +18,10 @@ from inbox.registry import scoped_registry
 from outbox.models import OutboxDelivery, OutboxHeldEvent
 from outbox.producer import close_producers
 from outbox.services.repairs import outbox_events_retry
+from scenarios.secured_kafka import READER, WRITER
 from tests.outbox.conftest import consume_all, headers_of, publish_events
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
-
-WRITER = (AclOperation.WRITE, AclOperation.DESCRIBE, AclOperation.DESCRIBE_CONFIGS)
-READER = (AclOperation.READ, AclOperation.DESCRIBE)
 
 
 def _connect_as(settings, secured_kafka, user: str) -> None:

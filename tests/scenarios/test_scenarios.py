@@ -9,6 +9,9 @@ import itertools
 import pytest
 
 from scenarios.definitions import (
+    ACL_DENIED_EVENTS_PER_KEY,
+    ACL_DENIED_KEYS,
+    ACL_DENIED_LAG_P99_SECONDS,
     CONCURRENT,
     CONSUMER_KILLS_SMALL,
     FAILOVER_DELIVERY_BOUND_SECONDS,
@@ -427,6 +430,35 @@ def test_events_on_a_missing_topic_hold_their_keys_and_the_rest_flows(scenario_r
     assert after["problems"] == [], after
     # The topic's creation and the retry; the flow, the held events and their arrival are
     # checks.
+    _faults_seen(result, 2)
+    assert result["extra"]["checks_seen"] == 3
+
+
+def test_a_topic_the_relay_may_no_longer_write_holds_its_keys_and_the_rest_flows(scenario_run):
+    # Every process on Kafka's secured listener as a user of its own. The relay's user loses
+    # WRITE on one topic while events flow to it and to the run's topic: each of its keys is
+    # held with the authorizer's refusal (as the console lists held keys), the run's events
+    # are published meanwhile; once the permission is back the relay's own retries send the
+    # held events, all in the topic's log in order.
+    code, output, result = scenario_run("acl-denied")
+    assert code == 0, output
+    _passes(result, output)
+    state = result["extra"]["acl_denied"]
+    held = state["held"]
+    assert held["refused"] == len(held["heads"]) == ACL_DENIED_KEYS, held
+    for head in held["heads"].values():
+        assert head["attempts"] >= 1, head
+        assert "TOPIC_AUTHORIZATION_FAILED" in head["error"], head
+    assert held["run_topic_published_since"] > 0, held
+    lag = state["publish_lag"]
+    assert lag["events"] == result["events"]
+    assert lag["p99_ms"] <= ACL_DENIED_LAG_P99_SECONDS * 1000, lag
+    after = state["after_restore"]
+    assert after["events"] == ACL_DENIED_KEYS * ACL_DENIED_EVENTS_PER_KEY, after
+    assert after["log_records"] >= after["events"], after
+    assert after["problems"] == [], after
+    # The permission taken and given back; the first events, the held keys and the arrival
+    # are checks.
     _faults_seen(result, 2)
     assert result["extra"]["checks_seen"] == 3
 

@@ -1,0 +1,153 @@
+"""Users and ACLs of Kafka's secured listener (scripts/services.sh): SASL_SSL with a
+certificate of the project's own CA, SCRAM-SHA-512 users, and KRaft's StandardAuthorizer, which
+lets a user do only what its ACLs allow. They are made through an admin client of the PLAINTEXT
+listener, whose clients (User:ANONYMOUS) are a super user. The tests use it on the developers'
+broker, the scenarios on their isolated cluster."""
+
+import uuid
+from pathlib import Path
+
+from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
+
+SCRAM_ITERATIONS = 4096
+TIMEOUT_SECONDS = 30
+
+# What a producer needs on a topic (DESCRIBE_CONFIGS: the relay reads its size limit), and
+# what a consumer needs on a topic (and READ on its group).
+WRITER = (AclOperation.WRITE, AclOperation.DESCRIBE, AclOperation.DESCRIBE_CONFIGS)
+READER = (AclOperation.READ, AclOperation.DESCRIBE)
+
+
+def tls_ca(local_dir: Path) -> Path:
+    """The CA that signed the brokers' certificate of the services under `local_dir`."""
+    return local_dir / "kafka" / "tls" / "ca.pem"
+
+
+def allowed(
+    user: str,
+    resource: ResourceType,
+    name: str,
+    operation: AclOperation,
+    *,
+    prefixed: bool = False,
+) -> AclBinding:
+    """The ACL that allows `user` one operation on a resource, from any host."""
+    pattern = ResourcePatternType.PREFIXED if prefixed else ResourcePatternType.LITERAL
+    return AclBinding(
+        resource, name, pattern, f"User:{user}", "*", operation, AclPermissionType.ALLOW
+    )
+
+
+class SecuredKafka:
+    """Users of the secured listener at `bootstrap`; every ACL made through it is remembered
+    until remove_acls()."""
+
+    def __init__(self, admin: AdminClient, *, bootstrap: str, ca: Path) -> None:
+        self.admin = admin
+        self.bootstrap = bootstrap
+        self.ca = ca
+        self.passwords: dict[str, str] = {}
+        self.acls: list[AclBinding] = []
+
+    def user(self, name: str) -> str:
+        """Creates (or sets the password of) SCRAM user `name`; returns the name."""
+        password = uuid.uuid4().hex
+        futures = self.admin.alter_user_scram_credentials(
+            [
+                UserScramCredentialUpsertion(
+                    name,
+                    ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS),
+                    password.encode(),
+                )
+            ]
+        )
+        for future in futures.values():
+            future.result(timeout=TIMEOUT_SECONDS)
+        self.passwords[name] = password
+        return name
+
+    def allow(
+        self,
+        user: str,
+        resource: ResourceType,
+        name: str,
+        *operations: AclOperation,
+        prefixed: bool = False,
+    ) -> list[AclBinding]:
+        """ALLOW ACLs of `user` for `operations` on a resource; returns them."""
+        bindings = [
+            allowed(user, resource, name, operation, prefixed=prefixed) for operation in operations
+        ]
+        self.grant(bindings)
+        return bindings
+
+    def grant(self, bindings: list[AclBinding]) -> None:
+        for future in self.admin.create_acls(bindings).values():
+            future.result(timeout=TIMEOUT_SECONDS)
+        self.acls.extend(bindings)
+
+    def revoke(self, bindings: list[AclBinding]) -> int:
+        """Deletes ACLs; returns how many the cluster deleted."""
+        filters = [
+            AclBindingFilter(
+                b.restype,
+                b.name,
+                b.resource_pattern_type,
+                b.principal,
+                b.host,
+                b.operation,
+                b.permission_type,
+            )
+            for b in bindings
+        ]
+        deleted = sum(
+            len(future.result(timeout=TIMEOUT_SECONDS))
+            for future in self.admin.delete_acls(filters).values()
+        )
+        self.acls = [b for b in self.acls if b not in bindings]
+        return deleted
+
+    def granted(self, binding: AclBinding) -> bool:
+        """Whether the cluster holds this ACL now."""
+        found = self.admin.describe_acls(
+            AclBindingFilter(
+                binding.restype,
+                binding.name,
+                binding.resource_pattern_type,
+                binding.principal,
+                binding.host,
+                binding.operation,
+                binding.permission_type,
+            )
+        ).result(timeout=TIMEOUT_SECONDS)
+        return bool(found)
+
+    def client_config(self, user: str) -> dict[str, str]:
+        """What a project puts in KAFKA_EVENTS["CLIENT_CONFIG"] for this listener and user."""
+        return {
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": user,
+            "sasl.password": self.passwords[user],
+            "ssl.ca.location": str(self.ca),
+        }
+
+    def client_environment(self, user: str) -> dict[str, str]:
+        """The same as a process's environment (project/settings/kafka.py reads it)."""
+        config = ",".join(f"{key}={value}" for key, value in self.client_config(user).items())
+        return {"KAFKA_BOOTSTRAP_SERVERS": self.bootstrap, "KAFKA_CLIENT_CONFIG": config}
+
+    def remove_acls(self) -> None:
+        if self.acls:
+            self.revoke(list(self.acls))
