@@ -720,7 +720,7 @@ def kafka_scan_plan(
     removed them) to the log end: a copy of an event written before the one the relay
     recorded (its acknowledgement lost, or the relay killed before its record) may lie below
     every recorded offset, but never before the event was created."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
     bootstrap = config.kafka_config.get("bootstrap.servers", "")
     consumer = Consumer(
@@ -744,7 +744,18 @@ def kafka_scan_plan(
         partitions: dict[str, dict[int, tuple[int, int, int]]] = {}
         for topic in sorted(topics):
             topic_metadata = metadata.topics.get(topic)
-            if topic_metadata is None or topic_metadata.error is not None:
+            if topic_metadata is None:
+                # The list of all topics leaves out those this client may not describe; asked
+                # by its name, the cluster says whether the topic is gone or refused.
+                topic_metadata = _topic_metadata(consumer, topic, config)
+            refusal = None if topic_metadata is None else topic_metadata.error
+            if refusal is not None and refusal.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                # Not a topic that is gone (its events would all be counted missing): one
+                # this client may not describe, say; the run fails saying so.
+                raise SourceUnreachable(
+                    f"Kafka at {bootstrap} refused the metadata of topic {topic}: {refusal}"
+                )
+            if topic_metadata is None or refusal is not None:
                 # The topic is gone: each of its DONE events is missing from Kafka.
                 partitions[topic] = {}
                 continue
@@ -769,6 +780,19 @@ def kafka_scan_plan(
         return KafkaScanPlan(partitions=partitions)
     finally:
         consumer.close()
+
+
+def _topic_metadata(consumer: Any, topic: str, config: JobConfig) -> Any:
+    """One topic's metadata, asked by its name (a consumer asks for no topic to be created)."""
+    from confluent_kafka import KafkaException
+
+    try:
+        return consumer.list_topics(topic, timeout=config.kafka_timeout_seconds).topics.get(topic)
+    except KafkaException as error:
+        raise SourceUnreachable(
+            f"Kafka at {config.kafka_config.get('bootstrap.servers', '')} gave no metadata of "
+            f"topic {topic}: {error}"
+        ) from error
 
 
 def _offsets_written_since(
@@ -804,6 +828,61 @@ def _offsets_written_since(
     return offsets
 
 
+# librdkafka's properties (KAFKA_EVENTS["CLIENT_CONFIG"]) that Spark's Java Kafka client names
+# otherwise, or not at all. The others are passed on as they are: most names are the same in
+# both clients, and the Java client ignores, with a warning in Spark's log, one it does not
+# know.
+_SASL_LOGIN_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+_LIBRDKAFKA_ONLY = {
+    "sasl.username",
+    "sasl.password",
+    "sasl.mechanisms",
+    "ssl.ca.location",
+    "ssl.endpoint.identification.algorithm",
+}
+
+
+def java_kafka_options(config: dict[str, str]) -> dict[str, str]:
+    """The Java Kafka client's properties for a librdkafka configuration: SASL's user and
+    password become `sasl.jaas.config` with the mechanism's login module, a CA file
+    (`ssl.ca.location`, PEM) a PEM trust store, and `ssl.endpoint.identification.algorithm`
+    `none` the Java client's empty value. A SASL user with a mechanism it has no login module
+    for (GSSAPI, OAUTHBEARER) is refused: give `sasl.jaas.config` itself."""
+    options = {key: value for key, value in config.items() if key not in _LIBRDKAFKA_ONLY}
+    mechanism = config.get("sasl.mechanism") or config.get("sasl.mechanisms")
+    if mechanism:
+        options["sasl.mechanism"] = mechanism
+    if "sasl.username" in config and "sasl.jaas.config" not in config:
+        module = _SASL_LOGIN_MODULES.get((mechanism or "PLAIN").upper())
+        if module is None:
+            raise ValueError(
+                f"the analytics job's Kafka scan cannot turn sasl.username into a Java login "
+                f"for SASL mechanism {mechanism}: set sasl.jaas.config in CLIENT_CONFIG"
+            )
+        options["sasl.jaas.config"] = (
+            f"{module} required username={_jaas_quoted(config['sasl.username'])} "
+            f"password={_jaas_quoted(config.get('sasl.password', ''))};"
+        )
+    if "ssl.ca.location" in config:
+        options["ssl.truststore.type"] = "PEM"
+        options["ssl.truststore.location"] = config["ssl.ca.location"]
+    verification = config.get("ssl.endpoint.identification.algorithm")
+    if verification is not None:
+        options["ssl.endpoint.identification.algorithm"] = (
+            "" if verification == "none" else verification
+        )
+    return options
+
+
+def _jaas_quoted(value: str) -> str:
+    """A JAAS option value in double quotes, its backslashes and quotes escaped."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def read_kafka(spark: "SparkSession", plan: KafkaScanPlan, config: JobConfig) -> "DataFrame":
     """The records of the planned offset ranges, with the event id from their header."""
     from pyspark.sql import functions as F
@@ -823,7 +902,7 @@ def read_kafka(spark: "SparkSession", plan: KafkaScanPlan, config: JobConfig) ->
         # Retention may remove records between planning and reading: they are not read then.
         .option("failOnDataLoss", "false")
     )
-    for key, value in config.kafka_config.items():
+    for key, value in java_kafka_options(config.kafka_config).items():
         reader = reader.option(f"kafka.{key}", value)
     # As the inbox reads: the records of an aborted Kafka transaction (the relay's
     # transactional mode publishes such a batch again) are no copies, and no "re-sent".

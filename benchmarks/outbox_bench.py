@@ -3,13 +3,17 @@ per event, one hot key and a writer idle in its transaction.
 
     .venv/bin/python benchmarks/outbox_bench.py [--only PART ...] [size options]
 
-Seven parts, each a table; --only runs the parts named (repeatable), always in this order:
+Eight parts, each a table; --only runs the parts named (repeatable), always in this order:
   rates     the raw confluent-kafka producer and the relay (outbox.log_relay.LogRelay) in this
             process, plain and transactional, on --events events; with --tracing, also the
             relay with tracing off (opentelemetry-api only, no SDK) and on (the SDK at 100 %
             sampling, a batch span processor, an exporter that drops the spans), their
             events carrying a traceparent: the best rate and CPU µs per event of each over 3
             alternated runs, and the ratios on/off;
+  secured   the relay in this process on --events events through the broker's PLAINTEXT
+            listener and through its SASL_SSL one (TLS with the project's CA, SCRAM-SHA-512,
+            a user whose ACLs allow it to write the topic), alternated 3 times: the best rate
+            and CPU µs per event of each, and secured / plain against issue 43's 0.8;
   lag       publish lag at --lag-rate events/s on 10,000 keys for --lag-seconds, with
             `outbox_relay` and with Celery beat + nudge;
   skew      (a) the relay draining --skew-events events of 1 KB on 1, 10, 100 and 10,000 keys:
@@ -94,7 +98,7 @@ from benchmarks.tracing import (  # noqa: E402
 BENCH_DATABASE_SUFFIX = "_bench"
 PAYLOAD_BYTES = 1024
 KEYS = 10_000
-PARTS = ("rates", "lag", "skew", "snapshot", "wal", "one-key", "idle-writer")
+PARTS = ("rates", "secured", "lag", "skew", "snapshot", "wal", "one-key", "idle-writer")
 
 
 def payload(number: int) -> dict:
@@ -1430,6 +1434,81 @@ def tracing_rates(count: int, batch_size: int, topics: list[str]) -> None:
     )
 
 
+SECURED_ROUNDS = 3
+SECURED_RATIO_TARGET = 0.8
+
+
+def secured_rates(count: int, batch_size: int, topics: list[str]) -> None:
+    """The relay through the PLAINTEXT listener and through the SASL_SSL one as a user allowed
+    to write each topic, alternated SECURED_ROUNDS times."""
+    from confluent_kafka.admin import AdminClient, ResourceType
+    from django.test.utils import override_settings
+
+    from kafka_events.kafka import kafka_connection_config
+    from outbox.producer import close_producers
+    from scenarios.secured_kafka import WRITER, SecuredKafka, tls_ca
+
+    local = Path(os.environ.get("LOCAL_DIR", BASE_DIR / ".local"))
+    secure_port = int(os.environ.get("KAFKA_SECURE_PORT_BASE", "9191")) + 1
+    secured = SecuredKafka(
+        AdminClient(kafka_connection_config()),
+        bootstrap=f"127.0.0.1:{secure_port}",
+        ca=tls_ca(local),
+    )
+    user = secured.user("outbox-bench-relay")
+
+    def relay_run(*, secure: bool) -> Measured:
+        topics.append(create_topic())
+        clear_outbox()
+        if not secure:
+            return measure_relay(topics[-1], count, batch_size, transactional=False)
+        secured.allow(user, ResourceType.TOPIC, topics[-1], *WRITER)
+        connection = {
+            "BOOTSTRAP_SERVERS": secured.bootstrap,
+            "CLIENT_CONFIG": secured.client_config(user),
+        }
+        with override_settings(KAFKA_EVENTS=connection):
+            close_producers()
+            return measure_relay(topics[-1], count, batch_size, transactional=False)
+
+    print()
+    print(
+        f"secured: the relay on {count:,} events of {PAYLOAD_BYTES} B, through PLAINTEXT and"
+        f" through SASL_SSL ({secured.bootstrap}: TLS, SCRAM-SHA-512, ACLs), best of"
+        f" {SECURED_ROUNDS} alternated runs",
+        flush=True,
+    )
+    plain: list[Measured] = []
+    secure: list[Measured] = []
+    try:
+        for _ in range(SECURED_ROUNDS):
+            plain.append(relay_run(secure=False))
+            secure.append(relay_run(secure=True))
+    finally:
+        secured.remove_acls()
+        close_producers()
+    clear_outbox()
+    best_plain, best_secure = max(m.rate for m in plain), max(m.rate for m in secure)
+    cpu_plain = min(m.cpu_us_per_event for m in plain)
+    cpu_secure = min(m.cpu_us_per_event for m in secure)
+    ratio = best_secure / best_plain
+    verdict = "PASS" if ratio >= SECURED_RATIO_TARGET else "FAIL"
+    print(f"  {'':<42}{'events/s':>10}{'CPU µs/event':>14}")
+    print(f"  {'relay, PLAINTEXT':<42}{best_plain:>10,.0f}{cpu_plain:>14,.0f}")
+    print(f"  {'relay, SASL_SSL':<42}{best_secure:>10,.0f}{cpu_secure:>14,.0f}")
+    print(
+        f"  {'SASL_SSL / PLAINTEXT':<42}{ratio:>10.2f}{cpu_secure / cpu_plain:>14.2f}"
+        f"  target >= {SECURED_RATIO_TARGET}: {verdict}"
+    )
+    for name, figure in (("events/s", "rate"), ("CPU µs/event", "cpu_us_per_event")):
+        runs = [", ".join(f"{getattr(m, figure):,.0f}" for m in mode) for mode in (plain, secure)]
+        print(f"  every run, {name}: PLAINTEXT {runs[0]}; SASL_SSL {runs[1]}")
+    print(
+        "  CPU: time.process_time() of this process over the drain; TLS work of librdkafka's"
+        " threads included"
+    )
+
+
 def publish_lag(rate: int, seconds: float, environment: dict[str, str], topics: list[str]) -> None:
     """Publish lag with `outbox_relay`, then with Celery beat (1 s) and the on-commit nudge."""
     from django.conf import settings
@@ -1487,7 +1566,9 @@ def main() -> None:
     parser.add_argument(
         "--only", choices=PARTS, action="append", help="run only these parts (repeatable)"
     )
-    parser.add_argument("--events", type=int, default=50_000, help="events per rate (rates)")
+    parser.add_argument(
+        "--events", type=int, default=50_000, help="events per rate (rates, secured)"
+    )
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument(
         "--lag-rate", type=int, default=1000, help="offered load, events/s (lag, one-key)"
@@ -1547,6 +1628,8 @@ def main() -> None:
             rates(options.events, options.batch_size, topics)
             if options.tracing:
                 tracing_rates(options.events, options.batch_size, topics)
+        if "secured" in parts:
+            secured_rates(options.events, options.batch_size, topics)
         if "lag" in parts:
             publish_lag(options.lag_rate, options.lag_seconds, environment, topics)
         if "skew" in parts:

@@ -2345,7 +2345,7 @@ def _acl_denied_faults(run: Run) -> None:
     )
     run.verify(
         revoked,
-        seen=revoked.result == 1 and not secured.granted(write),
+        seen=revoked.result == 1 and not secured.granted(write, expected=False),
         effect="the ACL deleted, no longer in the cluster",
     )
     rest = range(ACL_DENIED_KEYS, ACL_DENIED_KEYS * ACL_DENIED_EVENTS_PER_KEY)

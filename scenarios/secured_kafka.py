@@ -4,6 +4,7 @@ lets a user do only what its ACLs allow. They are made through an admin client o
 listener, whose clients (User:ANONYMOUS) are a super user. The tests use it on the developers'
 broker, the scenarios on their isolated cluster."""
 
+import time
 import uuid
 from pathlib import Path
 
@@ -118,8 +119,18 @@ class SecuredKafka:
         self.acls = [b for b in self.acls if b not in bindings]
         return deleted
 
-    def granted(self, binding: AclBinding) -> bool:
-        """Whether the cluster holds this ACL now."""
+    def granted(self, binding: AclBinding, *, wait: float = 10.0, expected: bool = True) -> bool:
+        """Whether the cluster holds this ACL, asked until the answer is `expected` or for
+        `wait` seconds: each broker applies a change of ACLs from the metadata log on its own
+        time, and the one asked may not have it yet."""
+        deadline = time.monotonic() + wait
+        while True:
+            held = self._holds(binding)
+            if held == expected or time.monotonic() > deadline:
+                return held
+            time.sleep(0.2)
+
+    def _holds(self, binding: AclBinding) -> bool:
         found = self.admin.describe_acls(
             AclBindingFilter(
                 binding.restype,
