@@ -31,6 +31,7 @@ from console.operations import (
     require_permission,
 )
 from console.selectors import rows_counted_up_to
+from outbox.services.event_log.shards import server_session_handed_on
 
 Status = BulkOperation.Status
 REASON_MAX_LENGTH = 2000
@@ -226,9 +227,26 @@ def bulk_operation_run(
     An OperationalError (the database went away) propagates, for the task to retry; any other
     error marks the operation FAILED with its text, the chunks already applied staying applied.
     """
-    with _run_lock(operation_id) as held:
-        if held:
-            _run(operation_id, sleep=sleep, clock=clock)
+    shared_session = server_session_handed_on()
+    if shared_session is not None:
+        # The run's lock is its session's: through a pool in transaction mode it would stay
+        # on a server session other clients get, and every later run would wait for it.
+        _finish(
+            operation_id,
+            Status.FAILED,
+            error=(
+                "The bulk operation ran through a database pooler in transaction mode: two of "
+                f"its connections got one server session (process {shared_session}), and a run "
+                "holds a lock of its session. Give the Celery workers that run "
+                "console.run_bulk_operation a DATABASES['default'] that reaches PostgreSQL "
+                "directly or through a pool in session mode (in this project: their "
+                "DATABASE_URL), then run the action again."
+            ),
+        )
+    else:
+        with _run_lock(operation_id) as held:
+            if held:
+                _run(operation_id, sleep=sleep, clock=clock)
     return BulkOperation.objects.select_related("audit").get(pk=operation_id)
 
 

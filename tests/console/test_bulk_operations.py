@@ -28,7 +28,12 @@ from console.operations import ACTIONS, ActionSpec, ReasonRequired
 from console.tasks import reap_bulk_operations
 from outbox.models import OutboxEvent
 from outbox.selectors import outbox_events_with_delivery
-from tests.conftest import connect_outside_django
+from tests.conftest import (
+    SESSION_POOL_PORT,
+    TRANSACTION_POOL_PORT,
+    connect_outside_django,
+    connected_through,
+)
 from tests.console.conftest import VIEW_PERMISSIONS, client_for, logged_in
 from tests.outbox.conftest import subprocess_environment, wait_until
 
@@ -673,3 +678,37 @@ def test_beat_reaps_the_bulk_operations_every_minute(settings):
         if entry["task"] == reap_bulk_operations.name
     ]
     assert [entry["schedule"] for entry in entries] == [60.0]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("port", "status"),
+    [(TRANSACTION_POOL_PORT, Status.FAILED), (SESSION_POOL_PORT, Status.DONE)],
+    ids=["transaction-pool", "session-pool"],
+)
+def test_a_run_through_a_transaction_mode_pool_fails_naming_what_to_set(
+    operator, five_failed, port, status
+):
+    """A run holds an advisory lock of its session: through a pool in transaction mode that
+    lock would stay on a server session other clients get. The run refuses, says what to set,
+    and leaves nothing applied and no lock behind; through a session-mode pool it runs."""
+    with connected_through(port):
+        # The commit sends the task, which Celery runs at once here, through the same pool.
+        operation = queued_retry(operator, five_failed)
+        operation.refresh_from_db()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s",
+                [operation.pk],
+            )
+            locks = cursor.fetchone()[0]
+
+    assert operation.status == status, operation.error
+    assert locks == 0
+    if status == Status.FAILED:
+        assert "transaction mode" in operation.error, operation.error
+        assert "DATABASE_URL" in operation.error, operation.error
+        assert failed_in_topic("bulk.orders") == 5
+    else:
+        assert failed_in_topic("bulk.orders") == 0
+    assert not BulkOperationChunk.objects.exists()

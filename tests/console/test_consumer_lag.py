@@ -15,9 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AclOperation, AdminClient, NewTopic, ResourceType
 from django.conf import settings
 
+from console.consumer_lag import _read_consumer_lag
+from kafka_events.kafka import kafka_connection_config
 from scenarios import ports
 from tests.scenarios.conftest import SERVICES_SCRIPT, free_block
 
@@ -88,3 +91,33 @@ def test_lag_is_read_from_a_broker_whose_group_coordinator_is_still_loading(fres
     ]
     # The read was the broker's first group request: it created the coordinator's topic.
     assert OFFSETS_TOPIC in admin.list_topics(timeout=10).topics
+
+
+def test_lag_is_read_through_tls_and_scram_as_a_user_allowed_to_describe_the_group_and_topic(
+    secured_kafka, kafka_topic, kafka_consumer_config, settings
+):
+    """The console's user needs DESCRIBE on the groups and topics it shows, nothing more
+    (docs/integration.md)."""
+    topic = kafka_topic(partitions=2)
+    group = kafka_consumer_config["group.id"]
+    producer = Producer(kafka_connection_config())
+    for number in range(3):
+        producer.produce(topic, value=str(number).encode(), partition=0)
+    assert producer.flush(30) == 0
+    member = Consumer(kafka_consumer_config)
+    member.commit(offsets=[TopicPartition(topic, 0, 2)], asynchronous=False)
+    member.close()
+    console = secured_kafka.user("outbox-console")
+    secured_kafka.allow(console, ResourceType.TOPIC, topic, AclOperation.DESCRIBE)
+    secured_kafka.allow(console, ResourceType.GROUP, group, AclOperation.DESCRIBE)
+    settings.KAFKA_EVENTS = {
+        "BOOTSTRAP_SERVERS": secured_kafka.bootstrap,
+        "CLIENT_CONFIG": secured_kafka.client_config(console),
+    }
+
+    lag = _read_consumer_lag({group: [topic]}, timeout=10)
+
+    assert [(p.partition, p.committed, p.high_watermark, p.lag) for p in lag.partitions] == [
+        (0, 2, 3, 1),
+        (1, None, 0, 0),
+    ]

@@ -95,12 +95,9 @@ class RelayNeedsItsSession(ImproperlyConfigured):
     transactions: it goes through a pooler in transaction mode."""
 
 
-def session_kept_check() -> None:
-    """Raises RelayNeedsItsSession when this connection's server session is handed to other
-    clients between transactions, as a pooler in transaction mode does. The relay owns its
-    shards by advisory locks of its session, which there would stay with a server connection
-    some other client uses (no relay could take those shards until the pooler closed it), and
-    it LISTENs and keeps a temporary table in its session.
+def server_session_handed_on() -> int | None:
+    """The process id of this connection's server session when that session is handed to
+    other clients between transactions, as a pooler in transaction mode does; else None.
 
     Asked by a second connection to the same place: a pooler in transaction mode gives it the
     server connection this one just released (PgBouncer reuses the most recently used one
@@ -114,7 +111,17 @@ def session_kept_check() -> None:
             other = int(cursor.fetchone()[0])
     finally:
         probe.close()
-    if other == pid:
+    return pid if other == pid else None
+
+
+def session_kept_check() -> None:
+    """Raises RelayNeedsItsSession when this connection's server session is handed to other
+    clients between transactions (server_session_handed_on). The relay owns its shards by
+    advisory locks of its session, which there would stay with a server connection some other
+    client uses (no relay could take those shards until the pooler closed it), and it LISTENs
+    and keeps a temporary table in its session."""
+    pid = server_session_handed_on()
+    if pid is not None:
         raise RelayNeedsItsSession(
             "The outbox relay needs a database session of its own, and its connection goes "
             "through a pooler in transaction mode: two of its connections got one server "
