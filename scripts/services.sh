@@ -188,7 +188,7 @@ SQL
 
 postgres_down() {
   if [[ -f "$PG_DATA/postmaster.pid" ]]; then
-    as_postgres "$PG_BIN/pg_ctl" -D "$PG_DATA" -m fast -w stop >/dev/null && log postgres stopped
+    pg_dir_stop "$PG_DATA" && log postgres stopped
   else
     log postgres "not started by this project"
   fi
@@ -227,6 +227,10 @@ pg_dir_running() {
 
 pg_dir_stop() {
   if pg_dir_running "$1"; then
+    # A fault may have left one of the server's processes stopped (the failover scenarios
+    # SIGSTOP the WAL sender and count on the primary's SIGKILL to end it): the shutdown
+    # would wait for it until WAIT_SECONDS ran out.
+    pkill -CONT -P "$(postmaster_pid_of "$1")" 2>/dev/null || true
     as_postgres "$PG_BIN/pg_ctl" -D "$1" -m fast -w -t "$WAIT_SECONDS" stop >/dev/null
   fi
 }
