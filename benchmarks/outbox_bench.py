@@ -1446,15 +1446,9 @@ def secured_rates(count: int, batch_size: int, topics: list[str]) -> None:
 
     from kafka_events.kafka import kafka_connection_config
     from outbox.producer import close_producers
-    from scenarios.secured_kafka import WRITER, SecuredKafka, tls_ca
+    from scenarios.secured_kafka import WRITER, development_secured_kafka
 
-    local = Path(os.environ.get("LOCAL_DIR", BASE_DIR / ".local"))
-    secure_port = int(os.environ.get("KAFKA_SECURE_PORT_BASE", "9191")) + 1
-    secured = SecuredKafka(
-        AdminClient(kafka_connection_config()),
-        bootstrap=f"127.0.0.1:{secure_port}",
-        ca=tls_ca(local),
-    )
+    secured = development_secured_kafka(AdminClient(kafka_connection_config()))
     user = secured.user("outbox-bench-relay")
 
     def relay_run(*, secure: bool) -> Measured:

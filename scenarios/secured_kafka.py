@@ -4,6 +4,7 @@ lets a user do only what its ACLs allow. They are made through an admin client o
 listener, whose clients (User:ANONYMOUS) are a super user. The tests use it on the developers'
 broker, the scenarios on their isolated cluster."""
 
+import os
 import time
 import uuid
 from pathlib import Path
@@ -20,6 +21,7 @@ from confluent_kafka.admin import (
     ScramMechanism,
     UserScramCredentialUpsertion,
 )
+from django.conf import settings
 
 SCRAM_ITERATIONS = 4096
 TIMEOUT_SECONDS = 30
@@ -48,6 +50,28 @@ def allowed(
     return AclBinding(
         resource, name, pattern, f"User:{user}", "*", operation, AclPermissionType.ALLOW
     )
+
+
+def _matching(binding: AclBinding) -> AclBindingFilter:
+    """The filter that matches exactly this ACL."""
+    return AclBindingFilter(
+        binding.restype,
+        binding.name,
+        binding.resource_pattern_type,
+        binding.principal,
+        binding.host,
+        binding.operation,
+        binding.permission_type,
+    )
+
+
+def development_secured_kafka(admin: AdminClient) -> "SecuredKafka":
+    """The secured listener of the broker `scripts/services.sh up` starts for development and
+    the tests: KAFKA_SECURE_PORT_BASE + 1, its CA under LOCAL_DIR (both as services.sh reads
+    them)."""
+    local = Path(os.environ.get("LOCAL_DIR", Path(settings.BASE_DIR) / ".local"))
+    port = int(os.environ.get("KAFKA_SECURE_PORT_BASE", "9191")) + 1
+    return SecuredKafka(admin, bootstrap=f"127.0.0.1:{port}", ca=tls_ca(local))
 
 
 class SecuredKafka:
@@ -100,18 +124,7 @@ class SecuredKafka:
 
     def revoke(self, bindings: list[AclBinding]) -> int:
         """Deletes ACLs; returns how many the cluster deleted."""
-        filters = [
-            AclBindingFilter(
-                b.restype,
-                b.name,
-                b.resource_pattern_type,
-                b.principal,
-                b.host,
-                b.operation,
-                b.permission_type,
-            )
-            for b in bindings
-        ]
+        filters = [_matching(binding) for binding in bindings]
         deleted = sum(
             len(future.result(timeout=TIMEOUT_SECONDS))
             for future in self.admin.delete_acls(filters).values()
@@ -131,17 +144,7 @@ class SecuredKafka:
             time.sleep(0.2)
 
     def _holds(self, binding: AclBinding) -> bool:
-        found = self.admin.describe_acls(
-            AclBindingFilter(
-                binding.restype,
-                binding.name,
-                binding.resource_pattern_type,
-                binding.principal,
-                binding.host,
-                binding.operation,
-                binding.permission_type,
-            )
-        ).result(timeout=TIMEOUT_SECONDS)
+        found = self.admin.describe_acls(_matching(binding)).result(timeout=TIMEOUT_SECONDS)
         return bool(found)
 
     def client_config(self, user: str) -> dict[str, str]:

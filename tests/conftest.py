@@ -19,7 +19,7 @@ from django.db import connection
 
 from kafka_events.conf import kafka_settings
 from kafka_events.kafka import kafka_connection_config
-from scenarios.secured_kafka import SecuredKafka, tls_ca
+from scenarios.secured_kafka import SecuredKafka, development_secured_kafka
 
 KAFKA_TIMEOUT_SECONDS = 30
 BROKER_LOG = Path(settings.BASE_DIR) / ".local" / "kafka" / "node-1" / "kafka.log"
@@ -249,18 +249,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.fixturenames.append("kafka_admin")  # type: ignore[attr-defined]
 
 
-# Kafka's secured listener (scripts/services.sh): SASL_SSL on KAFKA_SECURE_PORT_BASE + 1.
-SECURE_PORT_BASE = int(os.environ.get("KAFKA_SECURE_PORT_BASE", "9191"))
-
-
 @pytest.fixture
 def secured_kafka(kafka_admin: AdminClient) -> Iterator[SecuredKafka]:
     """Users of the developers' broker's secured listener; the ACLs a test made are deleted
     after it."""
-    local = Path(os.environ.get("LOCAL_DIR", Path(settings.BASE_DIR) / ".local"))
-    secured = SecuredKafka(
-        kafka_admin, bootstrap=f"127.0.0.1:{SECURE_PORT_BASE + 1}", ca=tls_ca(local)
-    )
+    secured = development_secured_kafka(kafka_admin)
     if not secured.ca.exists():
         pytest.fail(f"{secured.ca} is missing: 'scripts/services.sh up' makes it")
     yield secured
