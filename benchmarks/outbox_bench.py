@@ -3,17 +3,22 @@ per event, one hot key and a writer idle in its transaction.
 
     .venv/bin/python benchmarks/outbox_bench.py [--only PART ...] [size options]
 
-Eight parts, each a table; --only runs the parts named (repeatable), always in this order:
+Nine parts, each a table; --only runs the parts named (repeatable), always in this order:
   rates     the raw confluent-kafka producer and the relay (outbox.log_relay.LogRelay) in this
-            process, plain and transactional, on --events events; with --tracing, also the
-            relay with tracing off (opentelemetry-api only, no SDK) and on (the SDK at 100 %
-            sampling, a batch span processor, an exporter that drops the spans), their
-            events carrying a traceparent: the best rate and CPU µs per event of each over 3
-            alternated runs, and the ratios on/off;
+            process, plain and transactional, on --events events (the relay's rates and this
+            process's CPU per 1,000 events, librdkafka's threads included); with --tracing,
+            also the relay with tracing off (opentelemetry-api only, no SDK) and on (the SDK
+            at 100 % sampling, a batch span processor, an exporter that drops the spans),
+            their events carrying a traceparent: the best rate and CPU µs per event of each
+            over 3 alternated runs, and the ratios on/off;
   secured   the relay in this process on --events events through the broker's PLAINTEXT
             listener and through its SASL_SSL one (TLS with the project's CA, SCRAM-SHA-512,
             a user whose ACLs allow it to write the topic), alternated 3 times: the best rate
             and CPU µs per event of each, and secured / plain against issue 43's 0.8;
+  relays    a backlog of --relays-events events drained by one `outbox_relay` process, then
+            by two that share the shards: events/s from the backlog's COMMIT to its last
+            delivery record, and the CPU per 1,000 events of the relay processes and of their
+            PostgreSQL backends;
   lag       publish lag at --lag-rate events/s on 10,000 keys for --lag-seconds, with
             `outbox_relay` and with Celery beat + nudge;
   skew      (a) the relay draining --skew-events events of 1 KB on 1, 10, 100 and 10,000 keys:
@@ -41,7 +46,7 @@ proves every part runs:
 
     .venv/bin/python benchmarks/outbox_bench.py --events 5000 --lag-seconds 5
         --skew-events 10000 --snapshot-seconds 20 --wal-events 500 --one-key-seconds 20
-        --idle-writer-seconds 20
+        --idle-writer-seconds 20 --relays-events 20000
 
 Runs against the real PostgreSQL and Kafka of `make services-up`, in a database of its own
 (`<DATABASE name>_bench`, recreated each run) and topics of its own. Prints its figures for a
@@ -98,7 +103,17 @@ from benchmarks.tracing import (  # noqa: E402
 BENCH_DATABASE_SUFFIX = "_bench"
 PAYLOAD_BYTES = 1024
 KEYS = 10_000
-PARTS = ("rates", "secured", "lag", "skew", "snapshot", "wal", "one-key", "idle-writer")
+PARTS = (
+    "rates",
+    "secured",
+    "relays",
+    "lag",
+    "skew",
+    "snapshot",
+    "wal",
+    "one-key",
+    "idle-writer",
+)
 
 
 def payload(number: int) -> dict:
@@ -804,6 +819,88 @@ def report_drain(drain: Drain, reference: float) -> None:
     )
 
 
+RELAY_PROCESSES = (1, 2)
+SHARES_SETTLE_SECONDS = 60.0
+
+
+def shard_owners() -> list[int]:
+    """How many shards each session holding shard locks holds, most first."""
+    from django.db import connection
+
+    from outbox.services.event_log.shards import SHARD_LOCK_CLASS
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT count(*) FROM pg_locks
+            WHERE locktype = 'advisory' AND classid = %s::bigint::oid AND objsubid = 2
+              AND granted
+            GROUP BY pid ORDER BY count(*) DESC
+            """,
+            [SHARD_LOCK_CLASS],
+        )
+        return [count for (count,) in cursor.fetchall()]
+
+
+def relay_processes(count: int, environment: dict[str, str], topics: list[str]) -> None:
+    """A backlog of `count` events drained by one `outbox_relay` process, then by two that
+    share the shards: the rate from the backlog's COMMIT to its last delivery record, and
+    the CPU of the relay processes and of their PostgreSQL backends."""
+    from outbox.services.event_log.shards import SHARD_COUNT
+
+    print()
+    print(
+        f"relays: a backlog of {count:,} events of {PAYLOAD_BYTES} B on {KEYS:,} keys, 6"
+        f" partitions, drained by `outbox_relay` processes sharing the shards",
+        flush=True,
+    )
+    print(
+        f"  {'relays':>6}{'events/s':>10}{'/ one':>7}{'relay CPU':>11}{'PG CPU':>9}"
+        "  (CPU: ms per 1,000 events, every relay process and its backend)"
+    )
+    python = sys.executable
+    one = 0.0
+    for processes in RELAY_PROCESSES:
+        clear_outbox()
+        topics.append(create_topic())
+        relays = [
+            start([python, "manage.py", "outbox_relay", "--poll-seconds", "1"], environment)
+            for _ in range(processes)
+        ]
+        try:
+            # Each relay owns its share before the backlog commits.
+            deadline = time.monotonic() + SHARES_SETTLE_SECONDS
+            share = SHARD_COUNT // processes
+            while shard_owners() != [share] * processes and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if shard_owners() != [share] * processes:
+                print(f"  {processes} relays: shards held {shard_owners()}, not {share} each")
+            relay_cpu = sum(process_cpu_seconds(relay.pid) for relay in relays)
+            with CpuMeter() as meter:
+                insert_events(topics[-1], count)
+                committed = time.perf_counter()
+                while undelivered(topics[-1]) and time.perf_counter() - committed < 600:
+                    time.sleep(0.05)
+                elapsed = time.perf_counter() - committed
+                relay_cpu = sum(process_cpu_seconds(relay.pid) for relay in relays) - relay_cpu
+        finally:
+            for relay in relays:
+                stop(relay)
+        missing, duplicates = delivery_counts(topics[-1])
+        if missing or duplicates:
+            print(f"  {processes} relays: {missing:,} undelivered, {duplicates:,} sent twice")
+        rate = count / elapsed
+        one = one or rate
+        # This process's backend wrote the backlog and polled for its end: not the relays'.
+        relays_database = meter.database - meter.relay_database
+        print(
+            f"  {processes:>6}{rate:>10,.0f}{rate / one:>7.2f}"
+            f"{1000 * relay_cpu / count * 1000:>11,.0f}"
+            f"{1000 * relays_database / count * 1000:>9,.0f}"
+        )
+    clear_outbox()
+
+
 def key_skew(count: int, batch_size: int, topics: list[str]) -> None:
     print()
     print(
@@ -1374,14 +1471,21 @@ def rates(count: int, batch_size: int, topics: list[str]) -> None:
     producer = measure_producer(topics[-1], count)
     topics.append(create_topic())
     clear_outbox()
-    relay = measure_relay(topics[-1], count, batch_size, transactional=False).rate
+    plain = measure_relay(topics[-1], count, batch_size, transactional=False)
     topics.append(create_topic())
     clear_outbox()
-    transactional = measure_relay(topics[-1], count, batch_size, transactional=True).rate
+    in_transactions = measure_relay(topics[-1], count, batch_size, transactional=True)
     clear_outbox()
+    relay, transactional = plain.rate, in_transactions.rate
     print(f"  {'raw confluent-kafka producer':<42}{producer:>10,.0f} events/s")
-    print(f"  {'relay':<42}{relay:>10,.0f} events/s")
-    print(f"  {'relay, transactional mode':<42}{transactional:>10,.0f} events/s")
+    print(
+        f"  {'relay':<42}{relay:>10,.0f} events/s"
+        f"{plain.cpu_us_per_event:>8,.0f} ms CPU per 1,000 events"
+    )
+    print(
+        f"  {'relay, transactional mode':<42}{transactional:>10,.0f} events/s"
+        f"{in_transactions.cpu_us_per_event:>8,.0f} ms CPU per 1,000 events"
+    )
     print(f"  {'relay / producer':<42}{relay / producer:>10.2f}")
     print(f"  {'transactional / plain relay':<42}{transactional / relay:>10.2f}")
 
@@ -1563,6 +1667,9 @@ def main() -> None:
     parser.add_argument(
         "--events", type=int, default=50_000, help="events per rate (rates, secured)"
     )
+    parser.add_argument(
+        "--relays-events", type=int, default=200_000, help="backlog's events (relays)"
+    )
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument(
         "--lag-rate", type=int, default=1000, help="offered load, events/s (lag, one-key)"
@@ -1624,6 +1731,8 @@ def main() -> None:
                 tracing_rates(options.events, options.batch_size, topics)
         if "secured" in parts:
             secured_rates(options.events, options.batch_size, topics)
+        if "relays" in parts:
+            relay_processes(options.relays_events, environment, topics)
         if "lag" in parts:
             publish_lag(options.lag_rate, options.lag_seconds, environment, topics)
         if "skew" in parts:

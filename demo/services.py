@@ -1,6 +1,7 @@
 """The demo's writes: a payment with its event, a delivery started by that event, and a
 duplicate delivery of a record, as a producer retry or a rebalance would cause."""
 
+import json
 import random
 import uuid
 from decimal import Decimal
@@ -67,7 +68,7 @@ def demo_duplicate_send(*, event: OutboxEvent, producer: Producer) -> None:
         aggregate_id=event.aggregate_id,
         event_type=event.event_type,
         payload_json=encode_payload(event.payload).decode(),
-        headers=event.headers,
+        headers_json=json.dumps(event.headers),
         topic=event.topic,
         key=event.key,
         created_at=event.created_at,

@@ -19,8 +19,8 @@ import logging
 import math
 import time
 import uuid
-from collections import Counter
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -63,7 +63,7 @@ from outbox.services.event_log.shards import (
     shards_lock,
     shards_unlock,
 )
-from outbox.services.event_log.spans import LogEvent, batch_read
+from outbox.services.event_log.spans import LogEvent, batch_prefetch, batch_read
 from outbox.services.event_log.ticks import Tick, tick_latest_after, tick_read, tick_take
 from outbox.tracing import Outcome as SendOutcome
 from outbox.tracing import SendSpans, send_spans
@@ -113,6 +113,9 @@ class SentBatch:
     refused: set[uuid.UUID] = field(default_factory=set)
     # The send spans of the events produced, when tracing is on; ended by finish_spans().
     spans: SendSpans | None = None
+    # Of the delivered: how many each topic got, and the publish lag of each, in seconds.
+    published_per_topic: dict[str, int] = field(default_factory=dict)
+    lag_seconds: list[float] = field(default_factory=list)
 
     def in_span(self, event_id: uuid.UUID) -> AbstractContextManager[None]:
         """The event's ended send span as the current context (for a log line about it),
@@ -170,6 +173,10 @@ class LogRelay:
         self.sending_attempt: int | Mapping[uuid.UUID, int] = 1
         # When _own_shards() last counted the relays running (time.monotonic()).
         self.share_checked_at = -math.inf
+        # The thread that reads a backlog's next batch while the relay sends one, and what it
+        # read: (the cursor read after, its batch_read()).
+        self.reader: ThreadPoolExecutor | None = None
+        self.read_ahead: tuple[Cursor, tuple[list[LogEvent], bool]] | None = None
 
     def run(self, *, max_seconds: float | None = None) -> LogRunResult:
         """Sends what the log holds for this relay's shards, for at most max_seconds."""
@@ -196,6 +203,10 @@ class LogRelay:
             shards_unlock(shards=self.owned)
             relay_leave(relay_id=self.relay_id)
         self.owned, self.owner_pid, self.cursors = (), None, []
+        self.read_ahead = None
+        if self.reader is not None:
+            self.reader.shutdown()
+            self.reader = None
 
     def _own_shards(self) -> None:
         """Owns this relay's share of the shards: all of them divided by the relays running,
@@ -286,13 +297,7 @@ class LogRelay:
                     return cursor, False
                 self.ticks = {since.id: since, until.id: until}
             assert until is not None
-            events, span_done = batch_read(
-                cursor=cursor,
-                since=since,
-                until=until,
-                limit=self.batch_size,
-                max_bytes=outbox_settings.BATCH_MAX_BYTES,
-            )
+            events, span_done = self._read(cursor, since, until)
             if events:
                 break
             # Kept in memory only: after a restart the relay reads the empty span again, at
@@ -312,10 +317,14 @@ class LogRelay:
             )
         if held_keys is None:
             held_keys = held_keys_among(events)
-        to_send = [event for event in events if (event.topic, event.key) not in held_keys]
+        to_send = (
+            [event for event in events if (event.topic, event.key) not in held_keys]
+            if held_keys
+            else events
+        )
         attempt = self.outage_tries.get(cursor.shards, 0) + 1
         self.sending_attempt = attempt
-        sent = self._send(to_send)
+        sent = self._send_reading_ahead(to_send, moved, since, until)
         if to_send and sent.nothing_reached_kafka:
             sent.finish_spans(SendOutcome.RETRYING)
             self.outage_tries[cursor.shards] = attempt
@@ -354,6 +363,45 @@ class LogRelay:
         self._observe(events, sent)
         return moved, True
 
+    def _read(self, cursor: Cursor, since: Tick, until: Tick) -> tuple[list[LogEvent], bool]:
+        """batch_read(), or what was read ahead for this very cursor."""
+        read_ahead, self.read_ahead = self.read_ahead, None
+        if read_ahead is not None and read_ahead[0] == cursor:
+            return read_ahead[1]
+        return batch_read(
+            cursor=cursor,
+            since=since,
+            until=until,
+            limit=self.batch_size,
+            max_bytes=outbox_settings.BATCH_MAX_BYTES,
+        )
+
+    def _send_reading_ahead(
+        self, events: Sequence[LogEvent], moved: Cursor, since: Tick, until: Tick
+    ) -> SentBatch:
+        """_send(), while the database reads the batch after `moved`, when it comes from the
+        span table (a span larger than a batch: a backlog): the relay's work on a batch and
+        PostgreSQL's on the next overlap. The read is kept for _read() if it succeeded; one
+        that failed is made again there."""
+        if self.reader is None:
+            self.reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-relay-read")
+        ahead = batch_prefetch(
+            cursor=moved,
+            since=since,
+            until=until,
+            limit=self.batch_size,
+            max_bytes=outbox_settings.BATCH_MAX_BYTES,
+            executor=self.reader,
+        )
+        try:
+            return self._send(events)
+        finally:
+            if ahead is not None:
+                # The connection is the relay's again only once the read is done.
+                wait([ahead])
+                if ahead.exception() is None:
+                    self.read_ahead = (moved, ahead.result())
+
     def _note_recorded(self, cursor: Cursor) -> None:
         tick = self._tick(cursor.tick_id)
         for shard in cursor.shards:
@@ -389,6 +437,9 @@ class LogRelay:
     ) -> list[tuple[LogEvent, DeliveryRecord | None]]:
         """The events of this batch to hold: each failed event of a key not held yet (a new
         head, with its failure), and every other event of a held key that did not go out."""
+        if len(sent.delivered) == len(events):
+            # All went out: none was held before (those are not sent), and none failed.
+            return []
         failures = {record.event_id: record for record in sent.failed}
         delivered = {record.event_id for record in sent.delivered}
         held: list[tuple[LogEvent, DeliveryRecord | None]] = []
@@ -529,14 +580,14 @@ class LogRelay:
 
     @staticmethod
     def _observe(events: Sequence[LogEvent], sent: SentBatch) -> None:
-        by_id = {event.id: event for event in events}
-        for topic, count in Counter(by_id[r.event_id].topic for r in sent.delivered).items():
+        """The batch's metrics, once for the batch."""
+        for topic, count in sent.published_per_topic.items():
             metrics.PUBLISHED.labels(topic=topic).inc(count)
-        for record in sent.delivered:
-            lag = (record.published_at - by_id[record.event_id].created_at).total_seconds()
-            metrics.PUBLISH_LAG.observe(max(lag, 0.0))
-        for record in sent.failed:
-            metrics.RETRIED.labels(topic=by_id[record.event_id].topic).inc()
+        metrics.PUBLISH_LAG.observe_many(sent.lag_seconds)
+        if sent.failed:
+            topic_of = {event.id: event.topic for event in events}
+            for record in sent.failed:
+                metrics.RETRIED.labels(topic=topic_of[record.event_id]).inc()
 
 
 def _key_of(event: LogEvent) -> tuple[str, str]:
@@ -553,28 +604,28 @@ def _held_attempts(events: Sequence[LogEvent]) -> dict[uuid.UUID, int]:
 
 
 def _sent_from(reports: DeliveryReports, events: Sequence[LogEvent], *, fatal: bool) -> SentBatch:
-    now = datetime.now(UTC)
-    by_id = {event.id: event for event in events}
-    delivered = [
-        DeliveryRecord(
-            event_id=delivery.event_id,
-            outcome=Outcome.PUBLISHED,
-            published_at=record_time(by_id[delivery.event_id], delivery.published_at),
-            partition=delivery.partition,
-            offset=delivery.offset,
-            duration_ms=reports.duration_ms(delivery.event_id),
-        )
-        for delivery in reports.deliveries.values()
-    ]
-    failed = [
-        DeliveryRecord(
-            event_id=event.id,
-            outcome=Outcome.FAILED,
-            published_at=record_time(event, now),
-            error=reports.failures.get(event.id, "no delivery report in time"),
-            duration_ms=reports.duration_ms(event.id),
-        )
-        for event in events
-        if event.id not in reports.deliveries and event.id not in reports.skipped
-    ]
-    return SentBatch(delivered=delivered, failed=failed, fatal=fatal, refused=reports.refused)
+    delivered = reports.delivered
+    failed: list[DeliveryRecord] = []
+    # Every event delivered or skipped (the common case) needs no look-up per event.
+    if len(delivered) + len(reports.skipped) != len(events):
+        now = datetime.now(UTC)
+        delivered_ids = {record.event_id for record in delivered}
+        failed = [
+            DeliveryRecord(
+                event_id=event.id,
+                outcome=Outcome.FAILED,
+                published_at=record_time(event, now),
+                error=reports.failures.get(event.id, "no delivery report in time"),
+                duration_ms=reports.failure_duration_ms(event),
+            )
+            for event in events
+            if event.id not in delivered_ids and event.id not in reports.skipped
+        ]
+    return SentBatch(
+        delivered=delivered,
+        failed=failed,
+        fatal=fatal,
+        refused=reports.refused,
+        published_per_topic=reports.published_per_topic,
+        lag_seconds=reports.lag_seconds,
+    )

@@ -188,11 +188,6 @@ def close_producers() -> None:
 TOPIC_LIMIT_TTL_SECONDS = 300.0
 TOPIC_LIMIT_UNKNOWN_TTL_SECONDS = 30.0
 TOPIC_CONFIG_TIMEOUT_SECONDS = 2.0
-# A record batch holding one record adds this much to its key, value and headers at most:
-# the batch header (61 bytes) and the record's own lengths and offsets (varints).
-RECORD_OVERHEAD_BYTES = 100
-HEADER_OVERHEAD_BYTES = 10
-
 _topic_limits: dict[str, tuple[float, int | None]] = {}
 _topic_limits_pid = os.getpid()
 _topic_admin: AdminClient | None = None
@@ -237,12 +232,3 @@ def _describe_limits(
             logger.info("Outbox producer cannot read %s's record limit: %s", resource.name, error)
             limits[resource.name] = (now + TOPIC_LIMIT_UNKNOWN_TTL_SECONDS, None)
     return limits
-
-
-def record_size(*, key: bytes, value: bytes, headers: Iterable[tuple[str, Any]]) -> int:
-    """The uncompressed size of a record in a batch of its own, as an upper bound."""
-    header_bytes = sum(
-        len(name.encode()) + len(header_value or b"") + HEADER_OVERHEAD_BYTES
-        for name, header_value in headers
-    )
-    return RECORD_OVERHEAD_BYTES + len(key) + len(value) + header_bytes

@@ -8,19 +8,21 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from datetime import UTC, date, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
 import outbox
+from outbox import log_relay as log_relay_module
 from outbox import metrics
 from outbox.log_relay import HELD_KEYS_READ_WHOLE, LogRelay, LogRunResult, SentBatch
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
 from outbox.producer import close_producers
-from outbox.relay import transactional_id_for
+from outbox.relay import record_headers, transactional_id_for
 from outbox.selectors import outbox_event_delivered
 from outbox.services.event_log.deliveries import DeliveryRecord
 from outbox.services.event_log.shards import ALL_SHARDS, SHARD_COUNT, shard_of, shards_lock
@@ -64,6 +66,16 @@ def rows_written_again() -> int:
             "WHERE xmin::text::bigint <> txid::text::bigint % 4294967296"
         )
         return cursor.fetchone()[0]
+
+
+def returns(function: Callable[..., T], results: list[T]) -> Callable[..., T]:
+    """`function`, keeping what each call returns in `results`."""
+
+    def keeping(**arguments: object) -> T:
+        results.append(function(**arguments))
+        return results[-1]
+
+    return keeping
 
 
 def insert_event_outside(session, *, topic: str, key: str, seq: int) -> uuid.UUID:
@@ -116,6 +128,96 @@ def test_events_go_out_once_in_order_per_key_and_each_delivery_is_a_row(
     # transaction wrote (an UPDATE would have given it the relay's transaction id).
     assert rows_written_again() == 0
     assert log_relay().run().published == 0
+
+
+def test_a_records_headers_are_those_its_event_makes_in_code(
+    kafka_topic, kafka_consumer_config, log_relay
+):
+    """The relay has PostgreSQL format the id and the creation time of each event it reads;
+    the record carries them exactly as str() and isoformat() make them, a fraction of zero
+    microseconds left out too, with the event's own headers."""
+    topic = kafka_topic()
+    with connection.cursor() as cursor:
+        for created_at, headers in [
+            ("date_trunc('second', now())", "{}"),
+            ("now()", '{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}'),
+            ("'2026-03-01 23:59:59.000001+05:00'", '{"tenant": "é"}'),
+        ]:
+            cursor.execute(
+                f"""
+                INSERT INTO outbox_event (id, aggregatetype, aggregateid, type, payload, headers,
+                                          topic, key, created_at)
+                VALUES (gen_random_uuid(), 'order', 'o-1', 'OrderPlaced', '{{}}', %s, %s,
+                        'o-1', {created_at})
+                """,
+                [headers, topic],
+            )
+    events = {str(event.id): event for event in OutboxEvent.objects.filter(topic=topic)}
+    assert len(events) == 3
+    assert any(event.created_at.microsecond == 0 for event in events.values())
+
+    assert log_relay().run().published == 3
+
+    for message in consume_all(kafka_consumer_config, topic, expected=3):
+        event = events[headers_of(message)["event_id"]]
+        [in_code] = _as_log_events([event])
+        assert message.headers() == record_headers(in_code)
+        assert headers_of(message)["created_at"] == event.created_at.astimezone(UTC).isoformat()
+
+
+def test_a_backlog_is_read_a_batch_ahead_while_the_relay_sends(
+    kafka_topic, kafka_consumer_config, log_relay, monkeypatch
+):
+    """A span larger than a batch: each batch after the first comes from the read made on the
+    reader thread while the batch before it was sent, not from a read of its own."""
+    topic = kafka_topic(partitions=3)
+    events = publish_events(topic, 450, keys=7)
+    reads: list[tuple[list[LogEvent], bool]] = []
+    read_ahead: list[Future | None] = []
+    monkeypatch.setattr(log_relay_module, "batch_read", returns(log_relay_module.batch_read, reads))
+    monkeypatch.setattr(
+        log_relay_module, "batch_prefetch", returns(log_relay_module.batch_prefetch, read_ahead)
+    )
+
+    assert log_relay(batch_size=100).run().published == 450
+
+    messages = consume_all(kafka_consumer_config, topic, expected=450)
+    assert Counter(headers_of(m)["event_id"] for m in messages) == {str(e.id): 1 for e in events}
+    assert_order_per_key(messages)
+    # Five batches: the first read on its own; four read ahead, each while one was sent. The
+    # other reads found the spans after the backlog empty.
+    span_reads = [read for read in reads if read[0]]
+    assert len(span_reads) == 1
+    assert len(span_reads[0][0]) == 100
+    assert [len(ahead.result()[0]) for ahead in read_ahead if ahead] == [100, 100, 100, 50]
+
+
+def test_a_read_ahead_that_failed_is_made_again_and_nothing_is_lost(
+    kafka_topic, kafka_consumer_config, log_relay, monkeypatch
+):
+    topic = kafka_topic(partitions=3)
+    events = publish_events(topic, 250, keys=7)
+    failed: list[Exception] = []
+    prefetch = log_relay_module.batch_prefetch
+
+    def failing(**arguments: Any) -> Future | None:
+        read = prefetch(**arguments)
+        if read is None:
+            return None
+        read.result()
+        failed.append(RuntimeError("the reader thread's read failed"))
+        future: Future = Future()
+        future.set_exception(failed[-1])
+        return future
+
+    monkeypatch.setattr(log_relay_module, "batch_prefetch", failing)
+
+    assert log_relay(batch_size=100).run().published == 250
+
+    assert len(failed) == 2  # after the first batch and the second
+    messages = consume_all(kafka_consumer_config, topic, expected=250)
+    assert Counter(headers_of(m)["event_id"] for m in messages) == {str(e.id): 1 for e in events}
+    assert_order_per_key(messages)
 
 
 def test_no_delivery_record_is_dated_before_its_event_whose_writer_clock_ran_ahead(
@@ -645,7 +747,7 @@ def _as_log_events(events: list[OutboxEvent]) -> list[LogEvent]:
             aggregate_id=e.aggregate_id,
             event_type=e.event_type,
             payload_json=json.dumps(e.payload),
-            headers=e.headers,
+            headers_json=json.dumps(e.headers),
             topic=e.topic,
             key=e.key,
             created_at=e.created_at,

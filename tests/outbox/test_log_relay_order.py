@@ -314,7 +314,7 @@ def test_a_kafka_transaction_whose_commit_timed_out_replaces_its_producer(
     # that follows cannot run meanwhile.
     reports, fatal = publish_batch_in_transaction(stuck, events, timeout=1e-6)
 
-    assert not reports.deliveries
+    assert not reports.delivered
     assert fatal
     assert stuck.fatal_error is not None
     # The relay asks for its producer again: a new one, whose initialisation finishes or
@@ -323,7 +323,7 @@ def test_a_kafka_transaction_whose_commit_timed_out_replaces_its_producer(
     assert fresh is not stuck
     reports, fatal = publish_batch_in_transaction(fresh, events, timeout=30)
     assert not fatal
-    assert set(reports.deliveries) == {event.id for event in events}
+    assert {record.event_id for record in reports.delivered} == {event.id for event in events}
     messages = consume_all(kafka_consumer_config, topic, expected=3)  # read_committed
     assert len({headers_of(m)["event_id"] for m in messages}) == 3
 

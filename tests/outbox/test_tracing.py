@@ -247,7 +247,7 @@ def test_the_relays_log_lines_carry_the_trace_and_span_ids_of_the_event():
         aggregate_id="a",
         event_type="E",
         payload_json="{}",
-        headers={"traceparent": TRACEPARENT},
+        headers_json=json.dumps({"traceparent": TRACEPARENT}),
         topic="t",
         key="a",
         created_at=timezone.now(),

@@ -2,8 +2,8 @@
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from django.db import connection
 
@@ -26,8 +26,10 @@ def record_time(event: "LogEvent", moment: datetime) -> datetime:
     return max(moment, event.created_at)
 
 
-@dataclass(frozen=True, slots=True)
-class DeliveryRecord:
+class DeliveryRecord(NamedTuple):
+    """One try of an event, as outbox_delivery stores it. A tuple: the relay makes one per
+    event it sends."""
+
     event_id: uuid.UUID
     outcome: OutboxDelivery.Outcome
     published_at: datetime
@@ -38,26 +40,31 @@ class DeliveryRecord:
     duration_ms: int | None = None
 
 
+# The columns of outbox_delivery that deliveries_insert writes, in DeliveryRecord's order and
+# then the relay's, with the type of each in COPY's binary form.
+_COPY_COLUMNS = (
+    ("event_id", "uuid"),
+    ("outcome", "varchar"),
+    ("published_at", "timestamptz"),
+    ("kafka_partition", "int4"),
+    ("kafka_offset", "int8"),
+    ("error", "text"),
+    ("duration_ms", "int4"),
+    ("relay", "varchar"),
+)
+_COPY_SQL = (
+    f"COPY outbox_delivery ({', '.join(name for name, _ in _COPY_COLUMNS)}) "
+    "FROM STDIN (FORMAT BINARY)"
+)
+
+
 def deliveries_insert(*, relay_id: str, records: Sequence[DeliveryRecord]) -> None:
+    """Appends the records by COPY in binary form: each row goes from its tuple to the wire in
+    psycopg's C code, where an INSERT's arrays would be built and quoted in Python."""
     if not records:
         return
-    with connection.cursor() as db:
-        db.execute(
-            """
-            INSERT INTO outbox_delivery (event_id, outcome, published_at, kafka_partition,
-                                         kafka_offset, error, duration_ms, relay)
-            SELECT record.*, %s
-            FROM unnest(%s::uuid[], %s::varchar[], %s::timestamptz[], %s::integer[],
-                        %s::bigint[], %s::text[], %s::integer[]) AS record
-            """,
-            [
-                relay_id,
-                [r.event_id for r in records],
-                [r.outcome.value for r in records],
-                [r.published_at for r in records],
-                [r.partition for r in records],
-                [r.offset for r in records],
-                [r.error for r in records],
-                [r.duration_ms for r in records],
-            ],
-        )
+    with connection.cursor() as db, db.cursor.copy(_COPY_SQL) as copy:
+        copy.set_types([kind for _, kind in _COPY_COLUMNS])
+        write_row = copy.write_row
+        for record in records:
+            write_row((*record, relay_id))

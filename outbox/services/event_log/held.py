@@ -10,7 +10,12 @@ from django.db import connection, transaction
 from outbox.models import POSITION_SEQUENCE
 from outbox.services.event_log.deliveries import DeliveryRecord, deliveries_insert
 from outbox.services.event_log.shards import SHARD_SQL
-from outbox.services.event_log.spans import LogEvent, log_event_from_row
+from outbox.services.event_log.spans import (
+    HEADER_TEXT_COLUMNS,
+    LogEvent,
+    event_rows_fetch,
+    log_event_from_row,
+)
 
 
 def held_insert(
@@ -127,21 +132,21 @@ HELD_EVENT_ROW_JOIN = (
 
 def held_events_read(*, topic: str, key: str, limit: int) -> list[LogEvent]:
     """The held events of one key, in order."""
-    with connection.cursor() as db:
-        db.execute(
-            f"""
-            SELECT event.id, event.aggregatetype, event.aggregateid, event.type,
-                   event.payload::text, event.headers, event.topic, event.key, event.created_at,
-                   held.transaction_id::text, held.position, held.shard
-            FROM outbox_held_event AS held
-            JOIN outbox_event AS event ON {HELD_EVENT_ROW_JOIN}
-            WHERE held.topic = %s AND held.key = %s
-            ORDER BY held.position
-            LIMIT %s
-            """,  # noqa: S608 (constants; values are parameters)
-            [topic, key, limit],
-        )
-        return [log_event_from_row(row) for row in db.fetchall()]
+    rows = event_rows_fetch(
+        f"""
+        SELECT event.id, event.aggregatetype, event.aggregateid, event.type,
+               event.payload::text, event.headers::text, event.topic, event.key,
+               event.created_at, held.transaction_id, held.position, held.shard,
+               {HEADER_TEXT_COLUMNS}
+        FROM outbox_held_event AS held
+        JOIN outbox_event AS event ON {HELD_EVENT_ROW_JOIN}
+        WHERE held.topic = %s AND held.key = %s
+        ORDER BY held.position
+        LIMIT %s
+        """,  # noqa: S608 (constants; values are parameters)
+        [topic, key, limit],
+    )
+    return list(map(log_event_from_row, rows))
 
 
 def held_orphans_drop(*, topic: str, key: str) -> None:

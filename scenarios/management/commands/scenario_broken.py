@@ -50,7 +50,7 @@ def break_log_relay() -> None:
 
     def broken_send(self: LogRelay, events: Sequence[LogEvent]) -> SentBatch:
         producer = get_producer()
-        produce_all(producer, events, DeliveryReports())
+        produce_all(producer, events, DeliveryReports(events))
         now = datetime.now(UTC)
         delivered = [
             DeliveryRecord(
