@@ -41,7 +41,7 @@ Nine parts, each a table; --only runs the parts named (repeatable), always in th
             offered and left, publish lag p50/p99, the p99 ratio idle writer / none, then
             PASS or FAIL for 0 left, p99 <= 100 ms and an idle writer's p99 within 1.5 x;
             the longest part (two runs of the offer + 10 s).
-All of them (the default) at the default sizes take about 35 minutes. A short smoke run that
+All of them (the default) at the default sizes take about 36 minutes. A short smoke run that
 proves every part runs:
 
     .venv/bin/python benchmarks/outbox_bench.py --events 5000 --lag-seconds 5

@@ -26,7 +26,7 @@ from outbox.tracing import SendSpans
 logger = logging.getLogger(__name__)
 
 CONTENT_TYPE = b"application/json"
-PUBLISHED = OutboxDelivery.Outcome.PUBLISHED
+PUBLISHED_OUTCOME = OutboxDelivery.Outcome.PUBLISHED
 # How long to wait for free space in librdkafka's queue before trying to produce again.
 QUEUE_FULL_POLL_SECONDS = 0.05
 # What a broker (or librdkafka, for the cluster) answers for a record that no retry will
@@ -204,7 +204,7 @@ class DeliveryReports:
             self.delivered.append(
                 DeliveryRecord(
                     event.id,
-                    PUBLISHED,
+                    PUBLISHED_OUTCOME,
                     published_at,
                     message.partition() or 0,
                     message.offset() or 0,
