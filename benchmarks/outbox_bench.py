@@ -871,10 +871,11 @@ def relay_processes(count: int, environment: dict[str, str], topics: list[str]) 
             # Each relay owns its share before the backlog commits.
             deadline = time.monotonic() + SHARES_SETTLE_SECONDS
             share = SHARD_COUNT // processes
-            while shard_owners() != [share] * processes and time.monotonic() < deadline:
+            while (owners := shard_owners()) != [share] * processes:
+                if time.monotonic() > deadline:
+                    print(f"  {processes} relays: shards held {owners}, not {share} each")
+                    break
                 time.sleep(0.2)
-            if shard_owners() != [share] * processes:
-                print(f"  {processes} relays: shards held {shard_owners()}, not {share} each")
             relay_cpu = sum(process_cpu_seconds(relay.pid) for relay in relays)
             with CpuMeter() as meter:
                 insert_events(topics[-1], count)

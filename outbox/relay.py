@@ -167,6 +167,9 @@ class DeliveryReports:
     durations_ms: dict[uuid.UUID, int] = field(default_factory=dict)
     # Topics that refused a record as a topic (TOPIC_REFUSALS).
     refused_topics: set[str] = field(default_factory=set)
+    _handed_at_by_id: dict[uuid.UUID, float | None] | None = field(
+        default=None, init=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         self.handed_at = self.handed_at or [None] * len(self.events)
@@ -229,14 +232,13 @@ class DeliveryReports:
         to the producer."""
         took = self.durations_ms.get(event.id)
         if took is None:
-            handed_at = next(
-                (
-                    handed
+            if self._handed_at_by_id is None:
+                # Once per batch with failures, not a search of the batch per failed event.
+                self._handed_at_by_id = {
+                    sent.id: handed
                     for sent, handed in zip(self.events, self.handed_at, strict=True)
-                    if sent.id == event.id
-                ),
-                None,
-            )
+                }
+            handed_at = self._handed_at_by_id.get(event.id)
             if handed_at is not None:
                 took = round((time.monotonic() - handed_at) * 1000)
         return took

@@ -124,6 +124,10 @@ CROSS JOIN LATERAL (
 ) AS event
 ORDER BY place.position
 """  # noqa: S608 (constants only)
+# The next batch of the span table's events, as the relay sends them.
+_SPAN_TABLE_EVENTS_SQL = _SPAN_TABLE_BATCH_SQL.format(
+    columns=_EVENT_COLUMNS.format(shard=SHARD_SQL.format(key="event.key"))
+)
 
 
 # A span's events with the size of each payload as PostgreSQL stores it (compressed when large;
@@ -171,7 +175,7 @@ def batch_read(
         rows = event_rows_fetch(_SPAN_WITHIN_BYTES_SQL.format(span=span_sql), params)
         if len(rows) <= limit and not _past(rows, max_bytes):
             return sorted(map(log_event_from_row, rows), key=_by_position), True
-    span = (connection.connection, since.id, until.id, cursor.shards)
+    span = _session_span(cursor, since, until)
     if getattr(connection, SPAN_ATTRIBUTE, None) != span:
         places = _SPAN_SQL.format(
             columns=f"event.position, event.txid, event.created_at, {_STORED_BYTES}",
@@ -187,7 +191,7 @@ def batch_read(
             )
             db.execute(f"ANALYZE {SPAN_TABLE}")
         setattr(connection, SPAN_ATTRIBUTE, span)
-    rows = event_rows_fetch(_SPAN_TABLE_BATCH_SQL.format(columns=columns), params)
+    rows = event_rows_fetch(_SPAN_TABLE_EVENTS_SQL, params)
     return _span_table_batch(rows, limit=limit, max_bytes=max_bytes)
 
 
@@ -201,22 +205,25 @@ def batch_prefetch(
     The thread uses this session (the table is the session's), so the caller must not use the
     connection until the read is done (concurrent.futures.wait()). Meanwhile PostgreSQL reads
     the batch while the relay sends the one before it."""
-    span = (connection.connection, since.id, until.id, cursor.shards)
+    span = _session_span(cursor, since, until)
     if cursor.until_tick_id is None or getattr(connection, SPAN_ATTRIBUTE, None) != span:
         return None
-    shard = SHARD_SQL.format(key="event.key")
-    sql = _SPAN_TABLE_BATCH_SQL.format(columns=_EVENT_COLUMNS.format(shard=shard))
     params = {"position": cursor.position, "limit": limit, "max_bytes": max_bytes}
     session = connection.connection
 
     def read() -> tuple[list[LogEvent], bool]:
         with session.cursor() as db:
             db.adapters.register_loader("timestamptz", TimestamptzLoader)
-            db.execute(sql, params)
+            db.execute(_SPAN_TABLE_EVENTS_SQL, params)
             rows = db.fetchall()
         return _span_table_batch(rows, limit=limit, max_bytes=max_bytes)
 
     return executor.submit(read)
+
+
+def _session_span(cursor: Cursor, since: Tick, until: Tick) -> tuple:
+    """Which span the session's table must hold for `cursor` (see SPAN_ATTRIBUTE)."""
+    return (connection.connection, since.id, until.id, cursor.shards)
 
 
 def _span_table_batch(
