@@ -42,6 +42,7 @@ from typing import Any
 BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE_DIR))
 
+from benchmarks.console_filters import FILTER_LISTS, FilterSample  # noqa: E402
 from benchmarks.databases import (  # noqa: E402
     database_name,
     ensure_database,
@@ -84,6 +85,20 @@ INBOX_STATUS_SQL = (
     "(CASE n %% 100 WHEN 0 THEN 'FAILED' WHEN 1 THEN 'PENDING' ELSE 'DONE' END)::varchar"
 )
 FAILED_RUNS_BEFORE_DONE_SQL = "(CASE WHEN n %% 10 = 3 THEN 1 + n / 10 %% 3 ELSE 0 END)"
+# What the filters find few of (the filters' part): one event in RARE_EVERY has its own event
+# type, aggregate type and topic (RARE_*), and failed tries of an error class of its own, as
+# does its inbox message; one in RARE_EVERY was discarded by an operator after failed tries
+# (FAILED), and one FAILED inbox message in RARE_EVERY.
+RARE_EVERY = 5000
+RARE_SQL = f"(n %% {RARE_EVERY} = 3)"
+DISCARDED_SQL = f"(n %% {RARE_EVERY} = 1003)"
+RARE_INBOX_FAILURE_SQL = f"(n %% {RARE_EVERY} = 0)"
+DISCARDED_INBOX_SQL = f"(n %% {RARE_EVERY} = 100)"
+RARE_EVENT_TYPE = "Rare"
+RARE_AGGREGATE_TYPE = "rare"
+RARE_TOPIC = "bench.rare"
+RARE_ERROR = "NOT_ENOUGH_REPLICAS: Broker: Not enough in-sync replicas"
+RARE_HANDLER_ERROR_CLASS = "bench.errors.RareError"
 # Events in commit order by n, spread over the week before the generation's start.
 CREATED_SQL = (
     f"%(now)s::timestamptz - ((%(rows)s - n) * interval '1 second') * ({WEEK_SECONDS}.0 / %(rows)s)"
@@ -96,6 +111,10 @@ def _unsent(n: int, rows: int) -> bool:
 
 def _failed_head(n: int, rows: int) -> bool:
     return n > rows - KEYS and n % 10 == 0
+
+
+def _discarded(n: int) -> bool:
+    return n % RARE_EVERY == 1003
 
 
 def _tries_before_published(n: int) -> int:
@@ -127,13 +146,13 @@ OUTBOX_SQL = f"""
 INSERT INTO outbox_event (id, aggregatetype, aggregateid, type, payload, headers, topic, key,
     created_at)
 SELECT pg_temp.bench_event_id('event', n, created),
-       'agg' || (n %% 5),
+       CASE WHEN {RARE_SQL} THEN '{RARE_AGGREGATE_TYPE}' ELSE 'agg' || (n %% 5) END,
        'agg-' || (n %% %(keys)s),
-       'Event' || (n %% 10),
+       CASE WHEN {RARE_SQL} THEN '{RARE_EVENT_TYPE}' ELSE 'Event' || (n %% 10) END,
        jsonb_build_object('number', n, 'order', 'order-' || n, 'amount', n %% 1000,
                           'note', repeat('x', 120)),
        '{{"tenant": "acme"}}'::jsonb,
-       'bench.topic' || (n %% 5),
+       CASE WHEN {RARE_SQL} THEN '{RARE_TOPIC}' ELSE 'bench.topic' || (n %% 5) END,
        'agg-' || (n %% %(keys)s),
        created
 FROM (SELECT n, {CREATED_SQL} AS created FROM generate_series(1, %(rows)s) AS n) AS series
@@ -150,8 +169,10 @@ DELIVERY_SQL = (
     CREATE TEMPORARY TABLE bench_event ON COMMIT DROP AS
     SELECT id, topic, key, txid, position, created_at, n,
            {FAILED_HEAD_SQL} AS failed,
+           {DISCARDED_SQL} AS discarded,
            {TRIES_BEFORE_PUBLISHED_SQL} AS tries,
-           (%(errors)s::text[])[1 + n %% 3] AS error
+           CASE WHEN {RARE_SQL} THEN '{RARE_ERROR}'
+                ELSE (%(errors)s::text[])[1 + n %% 3] END AS error
     FROM (SELECT *, (payload ->> 'number')::bigint AS n FROM outbox_event) AS event
     """,  # noqa: S608  (constants only)
     """
@@ -165,7 +186,13 @@ DELIVERY_SQL = (
         kafka_offset, error, relay)
     SELECT id, 'PUBLISHED', created_at + tries * interval '1 second' + interval '40 milliseconds',
            n %% 3, n, '', %(relay)s
-    FROM bench_event WHERE NOT failed
+    FROM bench_event WHERE NOT failed AND NOT discarded
+    """,
+    """
+    INSERT INTO outbox_delivery (event_id, outcome, published_at, error, relay)
+    SELECT id, 'DISCARDED', created_at + tries * interval '1 second' + interval '1 minute', '',
+           %(relay)s
+    FROM bench_event WHERE discarded
     """,
     """
     INSERT INTO outbox_delivery (event_id, outcome, published_at, error, relay)
@@ -199,21 +226,27 @@ INBOX_SQL = f"""
 INSERT INTO inbox_message (event_id, consumer_group, topic, "partition", "offset", key,
     event_type, aggregate_type, aggregate_id, payload, headers, raw_value, raw_value_encoding,
     status, attempts, next_attempt_at, last_error, published_at, received_at, processed_at,
-    duplicate_count, last_duplicate_at)
+    duplicate_count, last_duplicate_at, discarded_at)
 SELECT pg_temp.bench_event_id(CASE WHEN sent THEN 'event' ELSE 'elsewhere' END, n, created)::text,
        CASE WHEN n %% 2 = 0 THEN 'billing' ELSE 'shipping' END,
-       'bench.topic' || (n %% 5), n %% 3, n, 'agg-' || (n %% %(keys)s), 'Event' || (n %% 10),
-       'agg' || (n %% 5), 'agg-' || (n %% %(keys)s),
+       CASE WHEN {RARE_SQL} THEN '{RARE_TOPIC}' ELSE 'bench.topic' || (n %% 5) END, n %% 3, n,
+       'agg-' || (n %% %(keys)s),
+       CASE WHEN {RARE_SQL} THEN '{RARE_EVENT_TYPE}' ELSE 'Event' || (n %% 10) END,
+       CASE WHEN {RARE_SQL} THEN '{RARE_AGGREGATE_TYPE}' ELSE 'agg' || (n %% 5) END,
+       'agg-' || (n %% %(keys)s),
        jsonb_build_object('number', n, 'note', repeat('y', 120)), '{{}}'::jsonb, '', '',
        status, runs,
        CASE WHEN status = 'PENDING'
             THEN received + (runs - 1) * interval '2 seconds' + interval '1 hour' END,
-       CASE WHEN status = 'DONE' THEN '' ELSE '{HANDLER_ERROR_CLASS}: boom' END,
+       CASE WHEN status = 'DONE' THEN ''
+            WHEN {RARE_INBOX_FAILURE_SQL} THEN '{RARE_HANDLER_ERROR_CLASS}: boom'
+            ELSE '{HANDLER_ERROR_CLASS}: boom' END,
        received - interval '10 milliseconds', received,
        CASE WHEN status = 'DONE'
             THEN received + (runs - 1) * interval '2 seconds' + interval '5 milliseconds' END,
        CASE WHEN n %% 200 = 3 THEN 1 ELSE 0 END,
-       CASE WHEN n %% 200 = 3 THEN received + interval '1 second' END
+       CASE WHEN n %% 200 = 3 THEN received + interval '1 second' END,
+       CASE WHEN {DISCARDED_INBOX_SQL} THEN received + interval '1 hour' END
 FROM (
     SELECT n, created, sent, status,
            CASE status WHEN 'FAILED' THEN %(inbox_attempts)s
@@ -270,10 +303,11 @@ def _reusable(rows: int) -> bool:
             """
             SELECT EXISTS (SELECT 1 FROM outbox_relay_cursor WHERE relay = %s)
                AND EXISTS (SELECT 1 FROM inbox_attempt)
+               AND EXISTS (SELECT 1 FROM outbox_event WHERE type = %s)
                AND (SELECT bool_and(substring(id::text, 15, 1) = '7')
                     FROM (SELECT id FROM outbox_event LIMIT 10) AS sample)
             """,
-            [BENCH_RELAY],
+            [BENCH_RELAY, RARE_EVENT_TYPE],
         )
         ours = cursor.fetchone()[0]
     if ours and outbox_rows == rows and inbox_rows == rows:
@@ -730,6 +764,7 @@ def _detail_pages(rows: int) -> list[tuple[str, str, str, float]]:
                 _tries_before_published(n) == 4
                 and not _unsent(n, rows)
                 and not _failed_head(n, rows)
+                and not _discarded(n)
             ),
         )
     )
@@ -786,6 +821,54 @@ def _detail_pages(rows: int) -> list[tuple[str, str, str, float]]:
     ]
 
 
+def _filter_sample(rows: int) -> FilterSample:
+    """The values the filter rows' placeholders stand for, from the data set."""
+    from inbox.models import InboxMessage
+    from outbox.models import OutboxEvent
+
+    newest = OutboxEvent.objects.order_by("-transaction_id", "-position").first()
+    assert newest is not None, "the data set has no events"
+    failed = _newest(rows, lambda n: _failed_head(n, rows))
+    event = OutboxEvent.objects.filter(key=f"agg-{failed % KEYS}").order_by("-created_at").first()
+    message = InboxMessage.objects.get(
+        topic=f"bench.topic{rows % 5}", partition=rows % 3, offset=rows
+    )
+    assert event is not None
+    return FilterSample(
+        newest=newest.created_at,
+        event_id=str(event.pk),
+        message_id=message.pk,
+        message_event_id=message.event_id,
+    )
+
+
+def _bench_filters(client: Any, rows: int, runs: int) -> int:
+    """Times every filter row (benchmarks/console_filters.py) against the list target;
+    returns how many missed it."""
+    placeholders = _filter_sample(rows).placeholders()
+    print(f"\nfilters: {runs} runs per row (ms); none / few / many: what the value matches")
+    print(f"{'list':<12} {'filter':<16} {'value':<18} {'runs':>4} {'p50':>8} {'p95':>8} {'max':>8}")
+    missed = 0
+    for filter_rows in FILTER_LISTS:
+        for name, matches, query in filter_rows.queries():
+            url = f"{filter_rows.path}?{query.format(**placeholders)}"
+            timings = _measure(client, url, runs)
+            label = f"{filter_rows.name:<12} {name:<16} {matches:<18}"
+            if timings.timed_out:
+                missed += 1
+                print(f"{label} {0:>4} {'-':>8} {'-':>8} {'-':>8}  MISSED: statement timeout {url}")
+                continue
+            samples = timings.samples
+            ok = timings.p95 <= PAGE_TARGET_MS
+            missed += not ok
+            print(
+                f"{label} {len(samples):>4} {statistics.median(samples):8.1f} "
+                f"{timings.p95:8.1f} {samples[-1]:8.1f}  {'ok' if ok else 'MISSED ' + url}"
+            )
+    print(f"filter rows: p95 <= {PAGE_TARGET_MS:.0f} ms each; {missed} missed")
+    return missed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -793,6 +876,9 @@ def main() -> None:
     parser.add_argument("--regenerate", action="store_true")
     parser.add_argument("--bulk-rows", type=int, default=100_000)
     parser.add_argument("--skip-pages", action="store_true", help="only the bulk retries")
+    parser.add_argument(
+        "--filter-runs", type=int, default=10, help="runs per filter row (0: no filter rows)"
+    )
     arguments = parser.parse_args()
 
     url = sibling_database_url(BENCH_SUFFIX)
@@ -929,6 +1015,8 @@ def main() -> None:
             + (" (the first request only)" if samples == [timings.first] else "")
         )
     print(f"load average after: {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
+    if arguments.filter_runs:
+        failures += _bench_filters(client, arguments.rows, arguments.filter_runs)
     if arguments.bulk_rows:
         for side in ("outbox", "inbox"):
             failures += not _bench_failure_group_retry(client, side, arguments.bulk_rows)

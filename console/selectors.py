@@ -14,21 +14,25 @@ import redis
 from django.conf import settings
 from django.core.cache import cache
 from django.db import DatabaseError, connection, transaction
-from django.db.models import BooleanField, CharField, Count, Model, Q, QuerySet, Sum
+from django.db.models import BooleanField, CharField, Count, Max, Model, Q, QuerySet, Sum
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from console.consumer_lag import ConsumerLag
 from inbox.models import InboxMessage
+from kafka_events.errors import error_class_of
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
 from outbox.selectors import (
+    FEW_EVENTS,
     LogBacklog,
     outbox_event_records,
+    outbox_events_among,
     outbox_last_published_at,
     outbox_log_backlog,
     outbox_log_done_count,
     outbox_oldest_pending_age_seconds,
 )
+from outbox.services.event_log.deliveries import RECORD_CLOCK_MARGIN
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -351,6 +355,51 @@ def error_class_condition(error_class: str, *, field: str = "last_error") -> Q:
         | Q(**{f"{field}__startswith": f"{error_class}:"})
         | Q(**{f"{field}__startswith": f"{error_class}\n"})
     )
+
+
+def rows_of_error_class(rows: QuerySet, error_class: str, *, field: str) -> QuerySet:
+    """The rows of `rows` whose error text (in `field`) is of `error_class`: inbox messages by
+    their last_error, or outbox events (annotated by outbox_events_with_delivery) by their
+    delivery_error. "No error text" matches most rows: the list reads the newest first. A
+    class is found through an index of the rows with an error, by class
+    (kafka_events.errors.error_class_of), never by reading every row's error."""
+    if error_class == NO_ERROR_TEXT:
+        return rows.filter(error_class_condition(error_class, field=field))
+    if rows.model is OutboxEvent:
+        return _outbox_events_of_error_class(rows, error_class)
+    # inbox_message_error_class_idx: the rows whose error is not empty, by class.
+    return (
+        rows.alias(row_error_class=error_class_of(field))
+        .filter(row_error_class=error_class)
+        .exclude(**{field: ""})
+    )
+
+
+def _outbox_events_of_error_class(events: QuerySet, error_class: str) -> QuerySet:
+    """The events whose delivery_error (the held head's error, else the latest failed try's)
+    is of `error_class`. Such an event has a failed try of that class
+    (outbox_delivery_errclass_idx) or is held with such an error (the held set is small). A
+    few: those events, by id (outbox_events_among). Many: the list, newest first, from the
+    creation of the newest event they can be (before the latest such try) on."""
+    in_class = events.filter(error_class_condition(error_class, field="delivery_error"))
+    tries = (
+        OutboxDelivery.objects.filter(outcome=OutboxDelivery.Outcome.FAILED)
+        .alias(try_error_class=error_class_of("error"))
+        .filter(try_error_class=error_class)
+    )
+    held = list(
+        OutboxHeldEvent.objects.alias(held_error_class=error_class_of("last_error"))
+        .filter(held_error_class=error_class)
+        .values_list("event_id", "event_created_at")
+    )
+    event_ids = list(tries.values_list("event_id", flat=True)[:FEW_EVENTS])
+    if len(event_ids) + len(held) < FEW_EVENTS:
+        return outbox_events_among(in_class, event_ids + [event_id for event_id, _ in held])
+    newest = [created for _, created in held]
+    latest_try = tries.aggregate(latest=Max("published_at"))["latest"]
+    if latest_try is not None:
+        newest.append(latest_try)
+    return in_class.filter(created_at__lte=max(newest) + RECORD_CLOCK_MARGIN)
 
 
 def duplicates_since(since: datetime) -> dict[str, int]:

@@ -3,6 +3,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from kafka_events.errors import error_class_of
+
 # The rows that hold their key in a group with order per key (inbox.services.sequences): not
 # done, not discarded, not released, with a key. The condition of inbox_message_holding_idx,
 # which serves every query on them; sequences.HOLDING_SQL says the same in SQL.
@@ -101,6 +103,20 @@ class InboxMessage(models.Model):
             # The console's search by aggregate id or key (an event id has its own index).
             models.Index(fields=("aggregate_id",), name="inbox_message_aggregate_idx"),
             models.Index(fields=("key",), name="inbox_message_key_idx"),
+            # The console's filters by aggregate type, by discard and by error class: without
+            # them, each filter that matches few rows reads the whole table. The last two hold
+            # only the rows an operator discarded or whose handler failed.
+            models.Index(fields=("aggregate_type",), name="inbox_message_aggtype_idx"),
+            models.Index(
+                fields=("discarded_at",),
+                name="inbox_message_discarded_idx",
+                condition=Q(discarded_at__isnull=False),
+            ),
+            models.Index(
+                error_class_of("last_error"),
+                name="inbox_message_error_class_idx",
+                condition=~Q(last_error=""),
+            ),
             # The rows that hold their key (inbox.services.sequences.HOLDING), in order: a
             # batch's look-up of its held keys, a sequence's run, the retry task's scan. Rows
             # that are done, the vast majority, are not in it.

@@ -5,6 +5,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.utils import timezone
 
+from kafka_events.errors import error_class_of
 from outbox.ids import new_event_id
 
 # Allocated by PostgreSQL at insert; orders the events of one key (see OutboxEvent.position).
@@ -105,17 +106,45 @@ class OutboxEvent(models.Model):
         # nothing to them, one into a range that has a summary a WAL record (72 bytes). The
         # id's is minmax-multi: a caller's own ids (random ones, version 4) are kept in its
         # summaries as points (up to 32 values a range, then they widen it), instead of
-        # widening a range to match everything at once. Topic, type
-        # and aggregate filters read the newest events first, or a time range.
+        # widening a range to match everything at once. The aggregate type and id, the event
+        # type and the topic (the console's filters) share a BRIN index of bloom filters: a
+        # range's summary says which values may be in it, so a value that matches nothing, or
+        # few events, reads the summaries and the few ranges that may hold it, not the table;
+        # a common value is found by reading the newest events first. Like the others, it
+        # writes nothing on an insert into the range being filled.
         indexes = (
             models.Index(fields=("transaction_id", "position"), name="outbox_event_txid_idx"),
             models.Index(fields=("key",), name="outbox_event_key_idx"),
-            BrinIndex(fields=("created_at",), name="outbox_event_created_brin", autosummarize=True),
+            # A range of 8 pages: a look-up of one event by its creation time (an id and the
+            # time it carries, outbox.selectors._EVENT_PLACES_OF_IDS_SQL) rechecks a few
+            # hundred rows, not the thousands of 128 pages.
+            BrinIndex(
+                fields=("created_at",),
+                name="outbox_event_created_brin",
+                autosummarize=True,
+                pages_per_range=8,
+            ),
             BrinIndex(
                 fields=("id",),
                 name="outbox_event_id_brin",
                 autosummarize=True,
                 opclasses=("uuid_minmax_multi_ops",),
+            ),
+            BrinIndex(
+                fields=("aggregate_type", "aggregate_id", "event_type", "topic"),
+                name="outbox_event_filter_bloom",
+                autosummarize=True,
+                # An aggregate id is about one per event: its filter is sized for as many
+                # values as a range has rows (the default sizes for a tenth). The four
+                # filters of a range share one index tuple, which must fit a page: a range of
+                # 16 pages keeps them small with events of any size.
+                pages_per_range=16,
+                opclasses=(
+                    "text_bloom_ops",
+                    "text_bloom_ops(n_distinct_per_range = -1)",
+                    "text_bloom_ops",
+                    "text_bloom_ops",
+                ),
             ),
         )
 
@@ -187,6 +216,15 @@ class OutboxDelivery(models.Model):
                 fields=("event_id",),
                 name="outbox_delivery_discarded_idx",
                 condition=models.Q(outcome="DISCARDED"),
+            ),
+            # The console's filter by error class: the failed tries of one class, and when the
+            # latest was (the newest event it can concern). Partial: a published record, the
+            # rule, adds no entry.
+            models.Index(
+                error_class_of("error"),
+                "published_at",
+                name="outbox_delivery_errclass_idx",
+                condition=models.Q(outcome="FAILED"),
             ),
             # The console's publish rates read the records of the last hour or day by
             # published_at. The records are appended in about that order, so a BRIN index (one

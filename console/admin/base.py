@@ -35,10 +35,10 @@ from console.models import OperatorAction
 from console.operations import ConsoleError, ReasonRequired
 from console.privacy import masked, may_view_payload
 from console.selectors import (
-    error_class_condition,
     failure_group_count,
     failure_groups,
     rows_counted_up_to,
+    rows_of_error_class,
     table_row_estimate,
 )
 from inbox.errors import InboxError
@@ -196,7 +196,7 @@ class ErrorClassFilter(TextFilter):
         if not value:
             return queryset
         field = getattr(self, "error_field", "last_error")
-        return queryset.filter(error_class_condition(value, field=field))
+        return rows_of_error_class(queryset, value, field=field)
 
 
 def error_class_filter(field: str) -> type[ErrorClassFilter]:

@@ -49,6 +49,7 @@ from outbox.selectors import (
     WAITING_FOR_OPERATOR,
     outbox_event_delivered,
     outbox_events_in_state,
+    outbox_events_published,
     outbox_events_with_delivery,
 )
 
@@ -133,9 +134,11 @@ class DeliveredAtRangeFilter(admin.ListFilter):
                 return None
             if timezone.is_naive(moment):
                 moment = timezone.make_aware(moment)
-            bounds[f"delivered_at__{lookup}"] = moment
+            bounds[lookup] = moment
+        if not bounds:
+            return queryset
         try:
-            return queryset.filter(**bounds)
+            return outbox_events_published(queryset, **bounds)
         except (ValueError, ValidationError):
             return None
 

@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 
 import outbox
 from inbox.models import InboxMessage
+from outbox.ids import time_ordered_event_id
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
 from outbox.services.event_log.held import OPERATOR_RELAY
 from outbox.services.event_log.shards import shard_of
@@ -196,10 +197,13 @@ def make_event(db: Any) -> Callable[..., OutboxEvent]:
             )
         # A delivery record is never dated before its event (record_time): an event published
         # or discarded in the past was created before then.
+        # Its id, drawn with its creation time, moves with it (outbox.ids.drawn_time_range).
         recorded = [moment for moment in (published_at, discarded_at) if moment is not None]
         if recorded and min(recorded) < event.created_at:
             created_at = min(recorded) - timedelta(seconds=1)
-            OutboxEvent.objects.filter(pk=event.pk).update(created_at=created_at)
+            backdated_id = time_ordered_event_id(created_at)
+            OutboxEvent.objects.filter(pk=event.pk).update(id=backdated_id, created_at=created_at)
+            event = OutboxEvent.objects.get(pk=backdated_id)
         event.refresh_from_db()
         Status = OutboxEvent.Status
         default_attempts = {Status.FAILED.value: 10, Status.DONE.value: 1}.get(status, 0)

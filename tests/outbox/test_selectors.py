@@ -7,6 +7,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 import outbox
+from outbox.ids import time_ordered_event_id
 from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
 from outbox.selectors import (
     outbox_events_with_delivery,
@@ -124,8 +125,11 @@ def cursor_at(
 
 
 def log_event(key: str, *, age: timedelta, txid: int | None = None) -> OutboxEvent:
-    event = _event(key)
-    OutboxEvent.objects.filter(pk=event.pk).update(created_at=timezone.now() - age)
+    # Created `age` ago, with the id publish() would have drawn then (outbox.ids).
+    created_at = timezone.now() - age
+    backdated_id = time_ordered_event_id(created_at)
+    OutboxEvent.objects.filter(pk=_event(key).pk).update(id=backdated_id, created_at=created_at)
+    event = OutboxEvent.objects.get(pk=backdated_id)
     if txid is not None:
         with connection.cursor() as cursor:
             cursor.execute(
