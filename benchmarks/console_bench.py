@@ -189,9 +189,10 @@ DELIVERY_SQL = (
     FROM bench_event WHERE NOT failed AND NOT discarded
     """,
     """
-    INSERT INTO outbox_delivery (event_id, outcome, published_at, error, relay)
+    INSERT INTO outbox_delivery (event_id, outcome, published_at, error, relay,
+        event_created_at, event_transaction_id, event_position)
     SELECT id, 'DISCARDED', created_at + tries * interval '1 second' + interval '1 minute', '',
-           %(relay)s
+           %(relay)s, created_at, txid::text::bigint, position
     FROM bench_event WHERE discarded
     """,
     """
@@ -304,6 +305,8 @@ def _reusable(rows: int) -> bool:
             SELECT EXISTS (SELECT 1 FROM outbox_relay_cursor WHERE relay = %s)
                AND EXISTS (SELECT 1 FROM inbox_attempt)
                AND EXISTS (SELECT 1 FROM outbox_event WHERE type = %s)
+               AND EXISTS (SELECT 1 FROM outbox_delivery
+                           WHERE outcome = 'DISCARDED' AND event_position IS NOT NULL)
                AND (SELECT bool_and(substring(id::text, 15, 1) = '7')
                     FROM (SELECT id FROM outbox_event LIMIT 10) AS sample)
             """,
@@ -877,7 +880,7 @@ def main() -> None:
     parser.add_argument("--bulk-rows", type=int, default=100_000)
     parser.add_argument("--skip-pages", action="store_true", help="only the bulk retries")
     parser.add_argument(
-        "--filter-runs", type=int, default=10, help="runs per filter row (0: no filter rows)"
+        "--filter-runs", type=int, default=5, help="runs per filter row (0: no filter rows)"
     )
     arguments = parser.parse_args()
 

@@ -204,6 +204,15 @@ class OutboxDelivery(models.Model):
     # stored: it is read from `error` (the text before ':' on its first line, as the console's
     # failure groups read it), which costs a published record nothing.
     duration_ms = models.IntegerField(null=True, blank=True)
+    # A discard's event row: its place (its creation time, the partition key, and its
+    # transaction id and position, the relay's index), as the held row it replaces kept it, so
+    # that the console finds the discarded events without looking each one up by id (the event
+    # table has no B-tree on the id). NULL for every other record (a NULL adds no byte to a
+    # record that already has NULL columns) and for the discards recorded before migration
+    # 0019, which the console looks up by the time their id carries.
+    event_created_at = models.DateTimeField(null=True, blank=True)
+    event_transaction_id = models.BigIntegerField(null=True, blank=True)
+    event_position = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "outbox_delivery"

@@ -486,9 +486,13 @@ _EVENT_PLACES_OF_IDS_SQL = f"""
     ) AS event"""  # noqa: S608 (constants only)
 # The events an operator discarded: not held, and whose latest PUBLISHED or DISCARDED record is
 # DISCARDED (not published again by a replay since), found by the partial index of DISCARDED
-# records.
-_DISCARDED_IDS_SQL = """
-    SELECT record.event_id FROM outbox_delivery AS record
+# records. A discard's record carries its event row's place (migration 0019); one without (a
+# discard recorded before) has its event looked up by id.
+_LAST_DISCARDS_SQL = """
+    SELECT record.event_id, record.event_created_at,
+           record.event_transaction_id::text::xid8 AS event_transaction_id,
+           record.event_position
+    FROM outbox_delivery AS record
     WHERE record.outcome = 'DISCARDED'
       AND NOT EXISTS (
           SELECT 1 FROM outbox_delivery AS later
@@ -499,9 +503,18 @@ _DISCARDED_IDS_SQL = """
           SELECT 1 FROM outbox_held_event AS held_again
           WHERE held_again.event_id = record.event_id
       )"""
-DISCARDED_PLACE_SQL = (
-    f"{_EVENT_PLACE_IN} ({_EVENT_PLACES_OF_IDS_SQL.format(ids=_DISCARDED_IDS_SQL)})"
-)
+_UNPLACED_DISCARDS_SQL = f"""
+    SELECT event_id FROM ({_LAST_DISCARDS_SQL}) AS discard WHERE event_position IS NULL"""  # noqa: S608 (constants only)
+_UNPLACED_DISCARD_PLACES_SQL = _EVENT_PLACES_OF_IDS_SQL.format(ids=_UNPLACED_DISCARDS_SQL)
+_DISCARDED_PLACES_SQL = f"""
+    SELECT discard.event_created_at, discard.event_transaction_id, discard.event_position
+    FROM ({_LAST_DISCARDS_SQL}) AS discard
+    WHERE discard.event_position IS NOT NULL
+    UNION ALL
+{_UNPLACED_DISCARD_PLACES_SQL}"""  # noqa: S608 (constants only)
+DISCARDED_PLACE_SQL = f"{_EVENT_PLACE_IN} ({_DISCARDED_PLACES_SQL})"
+
+
 # The places of the FAILED events, matched through the event table's (txid, position) index as
 # the relay finds a held event (the id has only a BRIN index): the held heads whose attempts
 # are spent, and the events an operator discarded. The first alone are the events waiting for
@@ -511,7 +524,7 @@ FAILED_PLACE_SQL = f"""
 {_EVENT_PLACE_IN} (
 {_HELD_PLACES_SQL} WHERE {_HELD_SPENT}
     UNION ALL
-{_EVENT_PLACES_OF_IDS_SQL.format(ids=_DISCARDED_IDS_SQL)}
+{_DISCARDED_PLACES_SQL}
 )
 """
 

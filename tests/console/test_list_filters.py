@@ -19,7 +19,7 @@ from console.api.inbox.filters import InboxMessageFilter
 from console.api.outbox.filters import OutboxEventFilter
 from console.selectors import NO_ERROR_TEXT, rows_of_error_class
 from inbox.models import InboxMessage
-from outbox.models import OutboxEvent
+from outbox.models import OutboxDelivery, OutboxEvent
 from outbox.selectors import outbox_events_published, outbox_events_with_delivery
 from tests.console.conftest import client_for, hold
 from tests.console.test_log_relay_console import TIMED_OUT, TOO_BIG, record
@@ -188,3 +188,19 @@ def test_a_discarded_event_is_found_whatever_its_id(viewer, make_event):
     assert ids(discarded="true") == {str(drawn.pk), str(given.pk)}
     assert ids(discarded="true", status="FAILED") == {str(drawn.pk), str(given.pk)}
     assert ids(discarded="true", status="DONE") == set()
+
+
+@pytest.mark.django_db
+def test_a_discard_records_where_its_event_row_is(operator, make_event):
+    # The discarded filter reads the event rows by these places, not by a look-up of each id.
+    event = make_event(OutboxEvent.Status.FAILED)
+    client = client_for(operator)
+    assert client.post(f"{API}{event.pk}/discard/", {}, format="json").status_code == 200
+    discard = OutboxDelivery.objects.get(event_id=event.pk, outcome="DISCARDED")
+    assert (discard.event_created_at, discard.event_transaction_id, discard.event_position) == (
+        event.created_at,
+        event.transaction_id,
+        event.position,
+    )
+    listed = client.get(API, {"discarded": "true"}).json()["results"]
+    assert [row["id"] for row in listed] == [str(event.pk)]

@@ -255,8 +255,11 @@ def held_events_discard(*, event_ids: Sequence[uuid.UUID | str]) -> int:
                   AND attempts > 0 AND next_attempt_at IS NULL
                 RETURNING event_id, event_transaction_id, event_position, event_created_at
             )
-            INSERT INTO outbox_delivery (event_id, outcome, published_at, error, relay)
-            SELECT held.event_id, 'DISCARDED', greatest(now(), event.created_at), '', %s
+            INSERT INTO outbox_delivery (event_id, outcome, published_at, error, relay,
+                                         event_created_at, event_transaction_id,
+                                         event_position)
+            SELECT held.event_id, 'DISCARDED', greatest(now(), event.created_at), '', %s,
+                   held.event_created_at, held.event_transaction_id, held.event_position
             FROM held LEFT JOIN outbox_event AS event ON {HELD_EVENT_ROW_JOIN}
             """,  # noqa: S608 (composed of constants; values are parameters)
             [list(event_ids), OPERATOR_RELAY],

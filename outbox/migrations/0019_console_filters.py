@@ -1,8 +1,9 @@
 # The console's filters that matched few events read the whole event or delivery table: the
-# aggregate, type and topic filters get a BRIN index of bloom
-# filters, the error-class filter an index of the failed tries by class, and the creation time's
-# BRIN index ranges of 8 pages, for the look-up of an event by its id and the time it carries.
-# None adds a WAL record to a publish() while the range being filled has no summary.
+# aggregate, type and topic filters get a BRIN index of bloom filters, the error-class filter an
+# index of the failed tries by class, the creation time's BRIN index ranges of 8 pages (for the
+# look-up of an event by its id and the time it carries), and a discard's record the place of
+# its event row. None adds a WAL record to a publish() while the range being filled has no
+# summary; the new columns are NULL (no byte) on the records the relay writes.
 import django.contrib.postgres.indexes
 from django.db import migrations, models
 
@@ -16,6 +17,21 @@ class Migration(migrations.Migration):
         migrations.RemoveIndex(
             model_name="outboxevent",
             name="outbox_event_created_brin",
+        ),
+        migrations.AddField(
+            model_name="outboxdelivery",
+            name="event_created_at",
+            field=models.DateTimeField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name="outboxdelivery",
+            name="event_position",
+            field=models.BigIntegerField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name="outboxdelivery",
+            name="event_transaction_id",
+            field=models.BigIntegerField(blank=True, null=True),
         ),
         migrations.AddIndex(
             model_name="outboxdelivery",
