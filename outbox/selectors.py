@@ -4,7 +4,7 @@ import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.db import connection
@@ -26,8 +26,8 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Greatest, NullIf
 from django.utils import timezone
 
-from outbox.ids import DRAWN_TIME_MARGIN
-from outbox.models import OutboxDelivery, OutboxEvent, OutboxHeldEvent
+from outbox.ids import DRAWN_TIME_MARGIN, drawn_time_range
+from outbox.models import OutboxDelivery, OutboxEvent, OutboxGivenEventId, OutboxHeldEvent
 from outbox.services.event_log.deliveries import RECORD_CLOCK_MARGIN, RECORD_CLOCK_MARGIN_SQL
 from outbox.services.event_log.held import HELD_EVENT_ROW_JOIN
 from outbox.services.event_log.shards import ALL_SHARDS
@@ -547,17 +547,61 @@ def outbox_events_discarded(events: QuerySet, *, discarded: bool) -> QuerySet:
     return events.filter(delivery_discarded_at__isnull=True)
 
 
+# The places of the events whose id is one of the texts %s, created at the times {within}.
+_PLACES_OF_IDS_AT_TIMES_SQL = """
+    SELECT created_at, txid, position FROM outbox_event
+    WHERE id::text = ANY(%s) AND ({within})"""
+
+
 def outbox_events_among(events: QuerySet, event_ids: Sequence[uuid.UUID]) -> QuerySet:
-    """The events of `events` whose id is one of `event_ids` (a few: FEW_EVENTS at most), each
-    found in the partition and BRIN ranges of its own creation time (_EVENT_PLACES_OF_IDS_SQL),
-    by its place."""
-    if not event_ids:
+    """The events of `events` whose id is one of `event_ids` (a few: FEW_EVENTS at most), read
+    in the creation times those ids allow: a caller's own id at the time its given-id row
+    keeps, an id publish() drew around the time it carries (outbox.ids.drawn_time_range).
+    One statement: PostgreSQL reads the creation time's BRIN index once per time (a bitmap of
+    a few 8-page ranges each) in the partition of that time only, compares the ids as text
+    there (by the id's BRIN index, each id would read every summary of a partition), and
+    finds the list's rows by their places."""
+    ids = set(event_ids)
+    given = dict(OutboxGivenEventId.objects.filter(id__in=ids).values_list("id", "created_at"))
+    times: list[tuple[datetime, datetime]] = []
+    for event_id in ids:
+        if event_id in given:
+            times.append((given[event_id], given[event_id]))
+            continue
+        start, end = drawn_time_range(event_id)
+        if start != end:  # else neither drawn nor given: no event has it
+            times.append((start, end))
+    if not times:
         return events.none()
-    places = _EVENT_PLACES_OF_IDS_SQL.format(ids="SELECT unnest(%s::uuid[])")
-    among = RawSQL(  # noqa: S611 (constants; the ids are a parameter)
-        f"{_EVENT_PLACE_IN} ({places})", [sorted(set(event_ids))], output_field=BooleanField()
+    # A SELECT of the matching places per day: PostgreSQL evaluates every time of a statement
+    # in each partition it reads, and these read only the partition of their day.
+    by_day: dict[date, list[tuple[datetime, datetime]]] = {}
+    for start, end in _merged(sorted(times)):
+        by_day.setdefault(start.astimezone(UTC).date(), []).append((start, end))
+    selects = []
+    parameters: list[Any] = []
+    for spans in by_day.values():
+        within = " OR ".join(["created_at BETWEEN %s AND %s"] * len(spans))
+        selects.append(_PLACES_OF_IDS_AT_TIMES_SQL.format(within=within))
+        parameters.append([str(event_id) for event_id in ids])
+        parameters.extend(moment for span in spans for moment in span)
+    among = RawSQL(  # noqa: S611 (constants; the ids and times are parameters)
+        f"{_EVENT_PLACE_IN} ({' UNION ALL '.join(selects)})",
+        parameters,
+        output_field=BooleanField(),
     )
     return events.filter(among)
+
+
+def _merged(spans: list[tuple[datetime, datetime]]) -> list[tuple[datetime, datetime]]:
+    """`spans` (sorted by start) with the overlapping ones made one."""
+    merged: list[tuple[datetime, datetime]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 def outbox_events_published(events: QuerySet, **bounds: datetime) -> QuerySet:

@@ -36,9 +36,10 @@ class StrictFilterBackend(DjangoFilterBackend):
 
 class DeliveryFilter(django_filters.FilterSet):
     """The filters outbox events and inbox messages share. Exact matches only. The inbox has an
-    index for each; the outbox's event table only for the key (each index costs WAL in every
-    business transaction that publishes), so the others read the newest events first, or the
-    rows of a time range. Subclasses add their id, status and time ranges."""
+    index for each; the outbox's event table a B-tree for the key only (each costs WAL in every
+    business transaction that publishes) and, for the others, a BRIN index of bloom filters
+    that skips the ranges without the value (outbox.models.OutboxEvent.Meta). Subclasses add
+    their id, status and time ranges."""
 
     event_type = django_filters.CharFilter(field_name="event_type")
     aggregate_type = django_filters.CharFilter(field_name="aggregate_type")

@@ -122,6 +122,17 @@ def test_the_outbox_error_class_is_the_error_users_see(read_way, make_event):
     counted = make_event(key="k-counted")
     hold(counted, attempts=1, error="NOT_ENOUGH_REPLICAS: Broker: Not enough replicas")
     clean = make_event(OutboxEvent.Status.DONE, key="k-clean")
+    # A caller's own id (random): found at the time its given-id row keeps.
+    with transaction.atomic():
+        given = outbox.publish(
+            aggregate_type="order",
+            aggregate_id="k-given",
+            event_type="OrderPlaced",
+            payload={},
+            topic="console.orders",
+            event_id=uuid.uuid4(),
+        )
+    record(given, "FAILED", at=start, error="REQUEST_TIMED_OUT: Broker: Request timed out")
     events = outbox_events_with_delivery(OutboxEvent.objects.all())
 
     def ids(error_class):
@@ -131,6 +142,7 @@ def test_the_outbox_error_class_is_the_error_users_see(read_way, make_event):
     assert ids("MSG_TIMED_OUT") == {retried.pk}
     assert ids("MSG_SIZE_TOO_LARGE") == {held.pk}
     assert ids("NOT_ENOUGH_REPLICAS") == {counted.pk}
+    assert ids("REQUEST_TIMED_OUT") == {given.pk}
     assert ids("MSG") == set()
     assert clean.pk in ids(NO_ERROR_TEXT)
     assert {retried.pk, held.pk, counted.pk}.isdisjoint(ids(NO_ERROR_TEXT))
