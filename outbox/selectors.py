@@ -563,28 +563,30 @@ def outbox_events_among(events: QuerySet, event_ids: Sequence[uuid.UUID]) -> Que
     finds the list's rows by their places."""
     ids = set(event_ids)
     given = dict(OutboxGivenEventId.objects.filter(id__in=ids).values_list("id", "created_at"))
-    times: list[tuple[datetime, datetime]] = []
+    # Per day, the times the ids allow and those ids: a SELECT of the matching places per day
+    # (PostgreSQL evaluates every time of a statement in each partition it reads, and each of
+    # these reads only the partition of its day), each comparing only its own ids.
+    by_day: dict[date, tuple[list[tuple[datetime, datetime]], list[str]]] = {}
     for event_id in ids:
         if event_id in given:
-            times.append((given[event_id], given[event_id]))
-            continue
-        start, end = drawn_time_range(event_id)
-        if start != end:  # else neither drawn nor given: no event has it
-            times.append((start, end))
-    if not times:
+            start = end = given[event_id]
+        else:
+            start, end = drawn_time_range(event_id)
+            if start == end:  # neither drawn nor given: no event has it
+                continue
+        spans, day_ids = by_day.setdefault(start.astimezone(UTC).date(), ([], []))
+        spans.append((start, end))
+        day_ids.append(str(event_id))
+    if not by_day:
         return events.none()
-    # A SELECT of the matching places per day: PostgreSQL evaluates every time of a statement
-    # in each partition it reads, and these read only the partition of their day.
-    by_day: dict[date, list[tuple[datetime, datetime]]] = {}
-    for start, end in _merged(sorted(times)):
-        by_day.setdefault(start.astimezone(UTC).date(), []).append((start, end))
     selects = []
     parameters: list[Any] = []
-    for spans in by_day.values():
-        within = " OR ".join(["created_at BETWEEN %s AND %s"] * len(spans))
+    for spans, day_ids in by_day.values():
+        merged = _merged(sorted(spans))
+        within = " OR ".join(["created_at BETWEEN %s AND %s"] * len(merged))
         selects.append(_PLACES_OF_IDS_AT_TIMES_SQL.format(within=within))
-        parameters.append([str(event_id) for event_id in ids])
-        parameters.extend(moment for span in spans for moment in span)
+        parameters.append(day_ids)
+        parameters.extend(moment for span in merged for moment in span)
     among = RawSQL(  # noqa: S611 (constants; the ids and times are parameters)
         f"{_EVENT_PLACE_IN} ({' UNION ALL '.join(selects)})",
         parameters,
